@@ -1,0 +1,168 @@
+"""The plugin contract: what a job type implements and what it is given.
+
+A plugin is a module in the plugins folder that defines a subclass of :class:`BaseScheduledJob` with a
+class attribute ``job_type``. Plugin modules are imported **only in worker child processes**, never in the
+supervisor. The names follow the reference engine (``BaseScheduledJob``, ``ScheduledJobResult``,
+``NotificationContent``; reference-engine-spec.md §7) in Python spelling.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Callable, ClassVar, Literal
+
+import msgspec
+
+from .errors import ConfigurationError
+
+Priority = Literal["Low", "Normal", "High"]
+
+
+class ScheduledJobResult(msgspec.Struct, kw_only=True):
+    """What ``execute`` returns.
+
+    ``success``: the run's outcome (False records the run as Failed). ``details``: a JSON-serialisable
+    dict stored on the run row. ``error_message``: a human-readable reason, shown for failures.
+    """
+
+    success: bool
+    details: dict[str, Any] | None = None
+    error_message: str | None = None
+
+
+class NotificationContent(msgspec.Struct, kw_only=True):
+    """A notification's text, as in the reference's ``NotificationContent`` (subject, body, priority)."""
+
+    subject: str
+    body: str
+    priority: Priority = "Normal"
+    metadata: dict[str, Any] | None = None
+
+
+class JobContext:
+    """What a plugin's ``execute`` receives.
+
+    Attributes: ``run_id`` (int), ``job_id`` (int), ``job_name`` (str), ``job_type`` (str),
+    ``configuration`` (the parsed configuration: an instance of the plugin's ``configuration_type``, or
+    the raw JSON value when the plugin declares none), ``scheduled_at`` (aware UTC datetime of the
+    occurrence, or None for a manual run), ``deadline_at`` (aware UTC datetime at which the supervisor
+    will kill the run unless heartbeats extend it) and ``log`` (a logger named after the job type).
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        job_id: int,
+        job_name: str,
+        job_type: str,
+        configuration: Any,
+        scheduled_at: dt.datetime | None = None,
+        deadline_at: dt.datetime | None = None,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.job_id = job_id
+        self.job_name = job_name
+        self.job_type = job_type
+        self.configuration = configuration
+        self.scheduled_at = scheduled_at
+        self.deadline_at = deadline_at
+        self.log = logging.getLogger(f"mjsched.plugin.{job_type}")
+        self._heartbeat = heartbeat
+
+    def heartbeat(self) -> None:
+        """Tell the supervisor this run is making progress, asking it to extend the run's deadline.
+
+        Never raises and never blocks for long: the message is sent over the worker's pipe and the
+        supervisor decides (throttled, token-checked) whether to extend. Opt-in, as in the reference
+        (`context.heartbeat()`, GH #2749): a plugin that never calls it keeps its fixed deadline.
+        """
+        if self._heartbeat is None:
+            return
+        try:
+            self._heartbeat()
+        except Exception:  # noqa: BLE001 - a heartbeat must never break the plugin
+            self.log.debug("heartbeat could not be sent", exc_info=True)
+
+
+class BaseScheduledJob:
+    """Base class of every job type.
+
+    Class attributes:
+      ``job_type``: the name jobs refer to (``jobs.job_type``); required, unique across plugins.
+      ``configuration_type``: a ``msgspec.Struct`` subclass; the job's JSON configuration is decoded
+      into it (unknown fields rejected if the Struct says ``forbid_unknown_fields=True``). ``None``
+      passes the raw JSON value (or None) through.
+      ``description``: one line shown by ``plugins list``.
+
+    One instance is created per run, in a worker child, as in the reference (§7.3).
+    """
+
+    job_type: ClassVar[str] = ""
+    configuration_type: ClassVar[type[msgspec.Struct] | None] = None
+    description: ClassVar[str] = ""
+
+    @classmethod
+    def parse_configuration(cls, raw_json: str | None) -> Any:
+        """Decode the stored configuration JSON (``None`` means no configuration).
+
+        Returns an instance of ``configuration_type`` (or the raw value). Raises
+        :class:`ConfigurationError` whose message names the offending field, e.g.
+        ``configuration.timeout_s: Expected `float`, got `str```.
+        """
+        text = raw_json if raw_json not in (None, "") else "null"
+        if cls.configuration_type is None:
+            try:
+                return msgspec.json.decode(text)
+            except msgspec.DecodeError as exc:
+                raise ConfigurationError(f"configuration: invalid JSON ({exc})") from None
+        if text.strip() == "null":
+            text = "{}"
+        try:
+            return msgspec.json.decode(text, type=cls.configuration_type)
+        except msgspec.ValidationError as exc:
+            raise ConfigurationError(_field_message(str(exc))) from None
+        except msgspec.DecodeError as exc:
+            raise ConfigurationError(f"configuration: invalid JSON ({exc})") from None
+
+    def validate_configuration(self, configuration: Any) -> None:
+        """Check rules the Struct's types cannot express. Raise :class:`ConfigurationError` naming the
+        field (``"configuration.glob: must be relative"``) to reject. Called when a job is created or
+        updated, and again before every run. The default accepts everything."""
+
+    def execute(self, context: JobContext) -> ScheduledJobResult:
+        """Do the work and return the outcome. Exceptions are caught in the child and recorded as a
+        Failed run with the traceback's last line as ``error_message``."""
+        raise NotImplementedError
+
+    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+        """Subject, body and priority of the notice for this run (reference §7.3 ``FormatNotification``).
+
+        Default: ``"<job> completed"`` at Normal priority, or ``"<job> failed"`` at High priority with the
+        error in the body.
+        """
+        if result.success:
+            return NotificationContent(
+                subject=f"Scheduled job '{context.job_name}' completed",
+                body=f"Run {context.run_id} of job '{context.job_name}' ({self.job_type}) completed.",
+                priority="Normal",
+            )
+        return NotificationContent(
+            subject=f"Scheduled job '{context.job_name}' failed",
+            body=(
+                f"Run {context.run_id} of job '{context.job_name}' ({self.job_type}) failed: "
+                f"{result.error_message or 'no error message'}"
+            ),
+            priority="High",
+        )
+
+
+def _field_message(msgspec_message: str) -> str:
+    """Turn msgspec's ``"Expected `int`, got `str` - at `$.a.b`"`` into ``"configuration.a.b: Expected ..."``."""
+    text, sep, where = msgspec_message.rpartition(" - at `")
+    if not sep:
+        return f"configuration: {msgspec_message}"
+    path = where.rstrip("`").replace("$", "configuration", 1)
+    return f"{path}: {text}"

@@ -1,0 +1,349 @@
+"""``python -m mjsched_isolated`` / ``mjsched``: serve, and manage jobs, runs and plugins.
+
+Exit codes: 0 ok; 1 a run failed or was refused; 2 bad input (one line naming the field; nothing
+written). Every listing has ``--json``, with the store's column names and ISO-8601 UTC timestamps.
+Handlers for logging are configured here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import jobspec
+from .config import Settings
+from .errors import InputError, MjschedError, NotFoundError
+from .inspection import inspect_plugins
+from .pool import Pool
+from .schema import RUN_STATUSES, database_url
+from .store import Store
+from .supervisor import Supervisor, utcnow
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", help="database URL (default: $MJSCHED_DATABASE_URL or sqlite:///mjsched.db)")
+    common.add_argument("--plugins", help="plugins folder (default: $MJSCHED_PLUGINS_DIR or ./plugins)")
+    common.add_argument("--log-level", default=os.environ.get("MJSCHED_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON")
+
+    parser = _Parser(prog="mjsched", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", parents=[common], help="run the scheduler")
+    serve.add_argument("--jobs", help="TOML jobs file synced at start (default: <plugins>/jobs.toml if present)")
+    serve.add_argument("--max-concurrent-jobs", type=int, default=5)
+    serve.add_argument("--lease-timeout-s", type=float, default=600.0)
+    serve.add_argument("--shutdown-timeout-s", type=float, default=30.0)
+    serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
+
+    jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
+    add = jobs.add_parser("add", parents=[common], help="create a job (Active)")
+    add.add_argument("name")
+    add.add_argument("--type", dest="job_type", required=True)
+    add.add_argument("--cron", dest="cron_expression", required=True)
+    add.add_argument("--tz", dest="timezone", default="UTC")
+    add.add_argument("--config", dest="configuration", help="configuration as a JSON object")
+    add.add_argument("--description")
+    add.add_argument("--status", default="Active")
+    add.add_argument("--concurrency-mode", default="Skip")
+    add.add_argument("--max-runtime-minutes", type=int)
+    add.add_argument("--run-immediately-if-never-run", action="store_true")
+    add.add_argument("--start-at", help="ISO-8601; without an offset it is read in --tz")
+    add.add_argument("--end-at", help="ISO-8601; without an offset it is read in --tz")
+    add.add_argument("--notify-on-success", action="store_true")
+    add.add_argument("--no-notify-on-failure", dest="notify_on_failure", action="store_false")
+    jobs.add_parser("list", parents=[common, as_json], help="list jobs")
+    for verb, text in (("show", "show one job"), ("pause", "stop scheduling a job"),
+                       ("resume", "schedule a job again from now"), ("remove", "delete a job and its runs"),
+                       ("run", "run a job now, in a worker; exit 1 if it fails")):
+        p = jobs.add_parser(verb, parents=[common] + ([as_json] if verb in ("show", "run") else []), help=text)
+        p.add_argument("name")
+    sync = jobs.add_parser("sync", parents=[common], help="create or update jobs from a TOML file")
+    sync.add_argument("file")
+
+    runs = sub.add_parser("runs", help="inspect runs").add_subparsers(dest="action", required=True, parser_class=_Parser)
+    rl = runs.add_parser("list", parents=[common, as_json], help="list runs, newest first")
+    rl.add_argument("--job")
+    rl.add_argument("--status", choices=RUN_STATUSES)
+    rl.add_argument("--limit", type=int, default=20)
+    rs = runs.add_parser("show", parents=[common, as_json], help="show one run")
+    rs.add_argument("id", type=int)
+
+    plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(dest="action", required=True,
+                                                                              parser_class=_Parser)
+    plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = {
+        ("serve", None): cmd_serve, ("jobs", "add"): cmd_jobs_add, ("jobs", "list"): cmd_jobs_list,
+        ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
+        ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
+        ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
+    }[(args.command, getattr(args, "action", None))]
+    try:
+        return handler(args)
+    except (InputError, NotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (MjschedError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def _plugins_dir(args: argparse.Namespace) -> str:
+    return args.plugins or os.environ.get("MJSCHED_PLUGINS_DIR") or "plugins"
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return Store.open(database_url(args.db))
+
+
+def _validate_configs(plugins_dir: str, specs: list[jobspec.JobSpec], prefix=lambda i: "") -> None:
+    """Ask a worker child whether each spec's job_type exists and its configuration is valid."""
+    checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
+    report = inspect_plugins(plugins_dir, checks)
+    for i, error in enumerate(report.errors):
+        if error is not None:
+            field, _, message = error.partition(": ")
+            raise InputError(f"{prefix(i)}{field}", message)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.encode(value, enc_hook=str).decode() + "\n")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "-" if value is None else str(value)
+
+
+def _table(rows: list[dict], columns: list[str]) -> None:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+# -- serve -------------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args),
+                        max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
+                        shutdown_timeout_s=args.shutdown_timeout_s)
+    if args.run_for is not None and args.run_for < 0:
+        raise InputError("--run-for", "must be zero or more seconds")
+    jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
+    if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
+        jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
+    store = Store.open(settings.database_url)
+    try:
+        if jobs_file:
+            sync_jobs(store, settings.plugins_dir, jobs_file)
+        pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir,
+                    log_level=logging.getLogger().level, ready_timeout_s=settings.worker_ready_timeout_s)
+        return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
+    finally:
+        store.close()
+
+
+# -- jobs --------------------------------------------------------------------------------------------
+def cmd_jobs_add(args: argparse.Namespace) -> int:
+    try:
+        configuration = json.loads(args.configuration) if args.configuration else None
+    except json.JSONDecodeError as exc:
+        raise InputError("--config", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
+    if configuration is not None and not isinstance(configuration, dict):
+        raise InputError("--config", "must be a JSON object")
+    try:
+        spec = jobspec.JobSpec(
+            name=args.name, job_type=args.job_type, cron_expression=args.cron_expression, timezone=args.timezone,
+            description=args.description, status=args.status, configuration=configuration,
+            start_at=_iso_arg("--start-at", args.start_at), end_at=_iso_arg("--end-at", args.end_at),
+            concurrency_mode=args.concurrency_mode, run_immediately_if_never_run=args.run_immediately_if_never_run,
+            max_runtime_minutes=args.max_runtime_minutes, notify_on_success=args.notify_on_success,
+            notify_on_failure=args.notify_on_failure)
+    except TypeError as exc:
+        raise InputError("job", str(exc)) from None
+    spec = jobspec.check(spec)
+    _validate_configs(_plugins_dir(args), [spec])
+    store = _store(args)
+    now = utcnow()
+    values = jobspec.with_next_run_at(jobspec.row_values(spec), now)
+    store.add_job(values, now)
+    print(f"job {spec.name!r} added ({values['status']}); next run {_fmt(values['next_run_at'])}")
+    return EXIT_OK
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    rows = _store(args).list_jobs()
+    if args.json:
+        _print_json(rows)
+    else:
+        _table(rows, ["name", "job_type", "status", "cron_expression", "timezone", "next_run_at", "last_run_at",
+                      "run_count", "success_count", "failure_count"])
+    return EXIT_OK
+
+
+def cmd_jobs_show(args: argparse.Namespace) -> int:
+    row = _store(args).get_job(args.name)
+    if args.json:
+        _print_json(row)
+    else:
+        for key, value in row.items():
+            print(f"{key:30} {_fmt(value)}")
+    return EXIT_OK
+
+
+def cmd_jobs_pause(args: argparse.Namespace) -> int:
+    _store(args).update_job(args.name, {"status": "Paused", "next_run_at": None}, utcnow())
+    print(f"job {args.name!r} paused (a run in progress is not interrupted)")
+    return EXIT_OK
+
+
+def cmd_jobs_resume(args: argparse.Namespace) -> int:
+    store = _store(args)
+    now = utcnow()
+    job = store.get_job(args.name)
+    values = jobspec.with_next_run_at({**job, "status": "Active"}, now)
+    store.update_job(args.name, {"status": "Active", "next_run_at": values["next_run_at"]}, now)
+    print(f"job {args.name!r} active; next run {_fmt(values['next_run_at'])}")
+    return EXIT_OK
+
+
+def cmd_jobs_remove(args: argparse.Namespace) -> int:
+    _store(args).remove_job(args.name)
+    print(f"job {args.name!r} removed")
+    return EXIT_OK
+
+
+def cmd_jobs_run(args: argparse.Namespace) -> int:
+    store = _store(args)
+    job = store.get_job(args.name)
+    settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args), max_concurrent_jobs=1)
+    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level)
+    supervisor = Supervisor(settings, store, pool)
+    try:
+        run_id = supervisor.run_now(job, ready_timeout_s=settings.worker_ready_timeout_s)
+    except LookupError as exc:
+        raise InputError("job_type", str(exc).split(": ", 1)[-1]) from None
+    finally:
+        pool.close()
+    if run_id is None:
+        current = store.get_job(args.name)
+        print(f"error: job {args.name!r} is already running (lease held by {current['locked_by_instance']} until "
+              f"{_fmt(current['expected_completion_at'])}); concurrency_mode {job['concurrency_mode']} refuses a "
+              "second run", file=sys.stderr)
+        return EXIT_FAILED
+    run = store.get_run(run_id)
+    if args.json:
+        _print_json(run)
+    else:
+        print(f"run {run_id}: {run['status']} in {run['duration_ms'] or 0:.0f} ms"
+              + (f": {run['error_message']}" if run["error_message"] else ""))
+    return EXIT_OK if run["status"] == "Completed" else EXIT_FAILED
+
+
+def cmd_jobs_sync(args: argparse.Namespace) -> int:
+    store = _store(args)
+    created, updated = sync_jobs(store, _plugins_dir(args), args.file)
+    print(f"{args.file}: {created} job(s) created, {updated} updated")
+    return EXIT_OK
+
+
+def sync_jobs(store: Store, plugins_dir: str, path: str) -> tuple[int, int]:
+    """Create or update (by name) every job in the TOML file ``path``; jobs not in it are untouched.
+    Everything is validated before anything is written. Returns (created, updated)."""
+    specs = jobspec.load_file(path)
+    _validate_configs(plugins_dir, specs, prefix=lambda i: f"{path}: jobs[{i}].")
+    now = utcnow()
+    existing = {row["name"]: row for row in store.list_jobs()}
+    created = updated = 0
+    for spec in specs:
+        values = jobspec.row_values(spec)
+        old = existing.get(spec.name)
+        if old is None:
+            values.setdefault("status", "Active")
+            store.add_job(jobspec.with_next_run_at(values, now), now)
+            created += 1
+            continue
+        changed = {k: v for k, v in values.items() if old.get(k) != v}
+        if not changed:
+            continue
+        if jobspec.schedule_fields_changed(old, changed):
+            changed["next_run_at"] = jobspec.with_next_run_at({**old, **values}, now)["next_run_at"]
+        store.update_job(spec.name, changed, now)
+        updated += 1
+    logging.getLogger("mjsched.cli").info("jobs file %s synced: %d created, %d updated", path, created, updated)
+    return created, updated
+
+
+# -- runs and plugins --------------------------------------------------------------------------------
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise InputError("--limit", "must be a positive integer")
+    try:
+        rows = _store(args).list_runs(job_name=args.job, status=args.status, limit=args.limit)
+    except NotFoundError as exc:
+        raise InputError("--job", str(exc).split(": ", 1)[1]) from None
+    if args.json:
+        _print_json(rows)
+    else:
+        _table(rows, ["id", "job_name", "status", "scheduled_at", "started_at", "duration_ms", "error_message"])
+    return EXIT_OK
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    row = _store(args).get_run(args.id)
+    if args.json:
+        _print_json(row)
+    else:
+        for key, value in row.items():
+            print(f"{key:22} {json.dumps(value) if isinstance(value, dict) else _fmt(value)}")
+    return EXIT_OK
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    report = inspect_plugins(_plugins_dir(args))
+    if args.json:
+        _print_json({"plugins": report.plugins, "failures": report.failures})
+        return EXIT_OK
+    for info in report.plugins:
+        print(f"{info.job_type:20} {info.module:24} {info.description}")
+    for failure in report.failures:
+        last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
+        print(f"FAILED {failure.module}: {last}")
+    return EXIT_OK
+
+
+def _iso_arg(field: str, value: str | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(field, f"not an ISO-8601 date-time: {value!r}") from None

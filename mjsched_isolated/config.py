@@ -1,0 +1,49 @@
+"""Engine settings: one frozen msgspec Struct, validated once, durations in seconds (``*_s``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgspec
+
+from .errors import InputError
+
+
+def default_instance() -> str:
+    """``<hostname>-<pid>``, the reference's ``LockedByInstance`` format (§2.5)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything the supervisor needs besides its store and pool.
+
+    ``lease_timeout_s``: default run deadline and lease length (reference ``defaultLockTimeout``, 600 s);
+    a job's ``max_runtime_minutes`` only lengthens it. ``heartbeat_interval_s`` / ``heartbeat_lease_s``:
+    at most one effective extension per interval, to now + lease (reference: 5 min / 6 min).
+    ``rescan_interval_s``: longest sleep before re-reading the jobs table for changes made by others;
+    due times themselves wake the loop exactly. ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT.
+    """
+
+    database_url: str
+    plugins_dir: str = "plugins"
+    max_concurrent_jobs: int = 5
+    lease_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 30.0
+    rescan_interval_s: float = 1.0
+    heartbeat_interval_s: float = 300.0
+    heartbeat_lease_s: float = 360.0
+    worker_ready_timeout_s: float = 30.0
+    sweep_interval_s: float = 10.0
+    instance: str = msgspec.field(default_factory=default_instance)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_jobs < 1:
+            raise InputError("max_concurrent_jobs", f"must be a positive integer, got {self.max_concurrent_jobs}")
+        for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",
+                     "sweep_interval_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
+            if not getattr(self, name) >= 0:
+                raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")

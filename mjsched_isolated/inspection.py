@@ -1,0 +1,57 @@
+"""Questions about plugins, answered by a throwaway worker child (the asking process never imports them).
+
+Used by the CLI: ``plugins list`` and the configuration checks of ``jobs add`` / ``jobs sync``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import protocol
+from .pool import Pool
+
+
+class PluginReport:
+    """What one worker child found in the plugins folder, plus its answers to validation requests."""
+
+    def __init__(self, ready: protocol.Ready, errors: list[str | None]) -> None:
+        self.plugins = ready.plugins
+        self.failures = ready.failures
+        self.errors = errors
+
+
+def inspect_plugins(plugins_dir: str, checks: list[tuple[str, str | None]] = (), timeout_s: float = 30.0) -> PluginReport:
+    """Start one worker on ``plugins_dir``, wait for its Ready, and validate each ``(job_type,
+    configuration JSON)`` in ``checks``. ``errors[i]`` is None or a one-line message naming the field.
+    Raises ``TimeoutError`` if the child does not answer within ``timeout_s`` (a plugin hanging at import).
+    """
+    pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    try:
+        pool.start()
+        while not pool.idle_workers():
+            _next_events(pool, deadline)
+        worker = pool.idle_workers()[0]
+        errors: list[str | None] = []
+        for job_type, configuration in checks:
+            protocol.send(worker.conn, protocol.ValidateRequest(job_type=job_type, configuration=configuration))
+            replies: list[protocol.ValidateReply] = []
+            while not replies:
+                replies = [e.message for e in _next_events(pool, deadline)
+                           if isinstance(e.message, protocol.ValidateReply)]
+            errors.append(replies[0].error)
+        return PluginReport(pool.last_ready, errors)
+    finally:
+        pool.close()
+
+
+def _next_events(pool: Pool, deadline: float) -> list:
+    """One bounded wait on the pool; a dead child or the deadline is an error."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("the plugin worker did not answer in time (does a plugin hang at import?)")
+    events, _ = pool.wait(remaining)
+    for event in events:
+        if event.died:
+            raise RuntimeError(f"the plugin worker died (exit code {event.exitcode}) while loading plugins")
+    return events

@@ -1,0 +1,124 @@
+"""A job definition as users write it (CLI flags or a TOML jobs file), and its validation.
+
+Field names are the store's column names. Validation happens before anything is written: cron and zone
+here, the plugin's configuration rules in a throwaway worker child (:mod:`inspection`), since the
+calling process never imports plugins.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import cron, planner
+from .errors import InputError
+from .schema import CONCURRENCY_MODES, JOB_STATUSES
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One job. ``start_at``/``end_at`` without a UTC offset are read in the job's ``timezone``.
+    ``status`` left unset means Active for a new job and "unchanged" for an existing one."""
+
+    name: str
+    job_type: str
+    cron_expression: str
+    timezone: str = "UTC"
+    description: str | None = None
+    status: str | msgspec.UnsetType = msgspec.UNSET
+    configuration: dict[str, Any] | None = None
+    start_at: dt.datetime | None = None
+    end_at: dt.datetime | None = None
+    concurrency_mode: str = "Skip"
+    run_immediately_if_never_run: bool = False
+    max_runtime_minutes: int | None = None
+    notify_on_success: bool = False
+    notify_on_failure: bool = True
+
+
+class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
+    """A declarative jobs file: ``[[jobs]]`` tables, each a :class:`JobSpec`."""
+
+    jobs: list[JobSpec] = []
+
+
+def check(spec: JobSpec, where: str = "") -> JobSpec:
+    """Validate everything but the plugin configuration; return the spec with aware UTC times.
+    Raises :class:`InputError` naming the field (prefixed by ``where``, e.g. ``jobs[2].``)."""
+    def fail(field: str, message: str) -> None:
+        raise InputError(f"{where}{field}", message)
+
+    if not spec.name.strip():
+        fail("name", "must not be empty")
+    if not spec.job_type.strip():
+        fail("job_type", "must not be empty")
+    try:
+        cron.validate(spec.cron_expression, spec.timezone)
+    except InputError as exc:
+        fail(exc.field, str(exc).split(": ", 1)[1])
+    if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
+        fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
+    if spec.concurrency_mode not in CONCURRENCY_MODES:
+        fail("concurrency_mode", f"must be one of {', '.join(CONCURRENCY_MODES)}, got {spec.concurrency_mode!r}")
+    if spec.max_runtime_minutes is not None and spec.max_runtime_minutes <= 0:
+        fail("max_runtime_minutes", f"must be a positive number of minutes, got {spec.max_runtime_minutes}")
+    zone = cron.zone(spec.timezone)
+    start_at = _aware(spec.start_at, zone)
+    end_at = _aware(spec.end_at, zone)
+    if start_at and end_at and end_at <= start_at:
+        fail("end_at", "must be after start_at")
+    return msgspec.structs.replace(spec, start_at=start_at, end_at=end_at)
+
+
+def row_values(spec: JobSpec) -> dict[str, Any]:
+    """Column values for the store (status excluded when unset)."""
+    values = msgspec.structs.asdict(spec)
+    if values["status"] is msgspec.UNSET:
+        del values["status"]
+    values["configuration"] = None if spec.configuration is None else json.dumps(spec.configuration, sort_keys=True)
+    return values
+
+
+def schedule_fields_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """True when a change of these columns must recompute ``next_run_at``."""
+    keys = ("cron_expression", "timezone", "start_at", "end_at", "status")
+    return any(k in new and old.get(k) != new[k] for k in keys)
+
+
+def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """Add ``next_run_at`` for an Active job (None otherwise, and for one past its end_at)."""
+    active = values.get("status") == "Active"
+    values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
+    return values
+
+
+def load_file(path: str | Path) -> list[JobSpec]:
+    """Parse and check a TOML jobs file. Raises :class:`InputError` naming the file and field."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError("jobs file", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        parsed = msgspec.toml.decode(data, type=JobsFile)
+    except msgspec.ValidationError as exc:
+        text, _, where = str(exc).rpartition(" - at `")
+        raise InputError(f"{path}: {where.rstrip('`').removeprefix('$.')}", text or str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InputError(f"{path}", f"invalid TOML: {exc}") from None
+    specs = [check(spec, f"{path}: jobs[{i}].") for i, spec in enumerate(parsed.jobs)]
+    names = [s.name for s in specs]
+    for name in names:
+        if names.count(name) > 1:
+            raise InputError(f"{path}: name", f"job {name!r} is defined twice")
+    return specs
+
+
+def _aware(value: dt.datetime | None, zone: dt.tzinfo) -> dt.datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(dt.timezone.utc)

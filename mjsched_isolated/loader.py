@@ -1,0 +1,80 @@
+"""Plugin discovery. **Runs only in worker children**: importing a plugin runs its code.
+
+Every ``*.py`` file in the plugins folder whose name does not start with ``_`` is imported by path (as
+module ``mjsched_plugins.<stem>``, with the folder on ``sys.path`` so plugins may import helpers). Each
+subclass of :class:`BaseScheduledJob` defined in it with a non-empty ``job_type`` becomes a job type. A
+module that fails to import, or a duplicate ``job_type``, becomes a :class:`LoadFailure` carrying the
+traceback; the other modules still load (a bad plugin costs only its own job type).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+
+from .api import BaseScheduledJob
+from .protocol import LoadFailure, PluginInfo
+
+
+class Registry:
+    """Job types loaded from one plugins folder: ``classes`` by job_type, plus ``failures``."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, type[BaseScheduledJob]] = {}
+        self.infos: list[PluginInfo] = []
+        self.failures: list[LoadFailure] = []
+
+
+def load_plugins(plugins_dir: str | Path) -> Registry:
+    """Import every plugin module in ``plugins_dir`` (a missing folder yields an empty registry)."""
+    registry = Registry()
+    folder = Path(plugins_dir).resolve()
+    if not folder.is_dir():
+        return registry
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            module = _import_path(path)
+        except BaseException:  # noqa: BLE001 - SystemExit in a plugin must not end the child either
+            registry.failures.append(LoadFailure(module=path.name, error=traceback.format_exc()))
+            continue
+        for cls in _job_classes(module):
+            if cls.job_type in registry.classes:
+                other = registry.classes[cls.job_type].__module__
+                registry.failures.append(
+                    LoadFailure(module=path.name, error=f"duplicate job_type {cls.job_type!r} (already defined by {other})")
+                )
+                continue
+            registry.classes[cls.job_type] = cls
+            registry.infos.append(PluginInfo(job_type=cls.job_type, module=path.name, description=cls.description))
+    return registry
+
+
+def _import_path(path: Path):
+    name = f"mjsched_plugins.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _job_classes(module) -> list[type[BaseScheduledJob]]:
+    found = []
+    for _, obj in inspect.getmembers(module, inspect.isclass):
+        if issubclass(obj, BaseScheduledJob) and obj is not BaseScheduledJob and obj.__module__ == module.__name__:
+            if isinstance(obj.job_type, str) and obj.job_type:
+                found.append(obj)
+    return found

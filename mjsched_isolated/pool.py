@@ -1,0 +1,251 @@
+"""The worker pool: N pre-started spawn children, one run at a time each, owned by the supervisor.
+
+The pool knows processes and pipes, not the database. :meth:`Pool.wait` blocks on every child's pipe and
+process sentinel at once (plus any extra wake-up handles) and returns :class:`ChildEvent` s. A child that
+dies or must be killed costs only its own run: :meth:`Pool.kill` takes down its whole process tree and the
+slot is refilled. A slot whose child keeps dying before it is ready backs off (1 s doubling to 60 s) so a
+plugin that crashes at import cannot spin the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import msgspec
+import psutil
+
+from . import child, protocol
+from .errors import ProtocolError
+
+log = logging.getLogger("mjsched.pool")
+
+_ctx = multiprocessing.get_context("spawn")
+MAX_RESPAWN_BACKOFF_S = 60.0
+
+
+class Worker:
+    """One slot's current child. ``run`` is the request it is executing (None when idle)."""
+
+    def __init__(self, slot: int, process: multiprocessing.Process, conn: Connection, started_mono: float) -> None:
+        self.slot = slot
+        self.process = process
+        self.conn = conn
+        self.started_mono = started_mono
+        self.ready: protocol.Ready | None = None
+        self.run: protocol.RunRequest | None = None
+        self.runs_done = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    @property
+    def idle(self) -> bool:
+        return self.ready is not None and self.run is None
+
+
+class ChildEvent(msgspec.Struct):
+    """Something a child did: sent ``message``, or died (``exitcode`` set; ``run`` was in flight)."""
+
+    worker: Any
+    message: Any = None
+    died: bool = False
+    exitcode: int | None = None
+    run: protocol.RunRequest | None = None
+
+
+class Pool:
+    """``size`` slots of worker children importing plugins from ``plugins_dir``.
+
+    ``ready_timeout_s``: a child that has not said Ready by then (a plugin hanging at import) is killed
+    and its slot backs off. All methods are called from the supervisor's single thread.
+    """
+
+    def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0):
+        if size < 1:
+            raise ValueError("max_concurrent_jobs must be >= 1")
+        self.size = size
+        self.plugins_dir = os.path.abspath(plugins_dir)
+        self.log_level = log_level
+        self.ready_timeout_s = ready_timeout_s
+        self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
+        self._backoff_s: dict[int, float] = {slot: 0.0 for slot in range(size)}
+        self._respawn_at: dict[int, float] = {slot: 0.0 for slot in range(size)}
+        self.respawns = 0
+        self.refill = True  # False while shutting down: dead slots stay empty
+        self.last_ready: protocol.Ready | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        for slot in self.workers:
+            self._spawn(slot)
+
+    def _spawn(self, slot: int) -> Worker:
+        parent_conn, child_conn = _ctx.Pipe(duplex=True)
+        process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level),
+                               name=f"mjsched-worker-{slot}", daemon=False)
+        process.start()
+        child_conn.close()
+        worker = Worker(slot, process, parent_conn, time.monotonic())
+        self.workers[slot] = worker
+        return worker
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask idle children to stop, kill the rest, and reap them all (bounded by ``timeout_s``)."""
+        self.refill = False
+        live = [w for w in self.workers.values() if w is not None]
+        for worker in live:
+            if worker.run is None:
+                try:
+                    protocol.send(worker.conn, protocol.Stop())
+                except OSError:
+                    pass
+            else:
+                kill_tree(worker.pid)
+        deadline = time.monotonic() + timeout_s
+        for worker in live:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                kill_tree(worker.pid)
+                worker.process.join(1.0)
+            worker.conn.close()
+        self.workers = {slot: None for slot in self.workers}
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def idle_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w is not None and w.idle]
+
+    def busy_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w is not None and w.run is not None]
+
+    def submit(self, worker: Worker, request: protocol.RunRequest) -> None:
+        """Hand ``request`` to an idle ``worker``. Raises ``OSError`` if its pipe is broken."""
+        worker.run = request
+        protocol.send(worker.conn, request)
+
+    # -- events ----------------------------------------------------------------------------------
+    def wait(self, timeout_s: float, extra: list[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
+        """Block up to ``timeout_s`` for child messages, child deaths or a ready ``extra`` handle.
+
+        Returns (child events, the ``extra`` handles that are ready). Also refills slots whose backoff
+        has passed and kills children that never became ready.
+        """
+        self._maintain()
+        by_handle: dict[Any, Worker] = {}
+        for worker in self.workers.values():
+            if worker is not None:
+                by_handle[worker.conn] = worker
+                by_handle[worker.process.sentinel] = worker
+        timeout_s = min(max(0.0, timeout_s), self._next_maintenance_in())
+        ready = wait(list(by_handle) + list(extra), timeout_s)
+        events: list[ChildEvent] = []
+        for worker in {by_handle[h].slot: by_handle[h] for h in ready if h in by_handle}.values():
+            if self.workers.get(worker.slot) is not worker:
+                continue
+            eof = self._drain(worker, events)  # messages first, so a final RunFinished is never lost
+            if eof or worker.process.sentinel in ready:
+                events.append(self._reap(worker))
+        return events, [h for h in ready if h in extra]
+
+    def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
+        """Append every pending message of ``worker`` to ``events``; True if its pipe reached EOF."""
+        try:
+            while worker.conn.poll():
+                message = protocol.decode_to_supervisor(worker.conn.recv_bytes())
+                if isinstance(message, protocol.Ready):
+                    worker.ready = message
+                    self.last_ready = message
+                    self._backoff_s[worker.slot] = 0.0
+                elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:
+                    worker.run = None
+                    worker.runs_done += 1
+                events.append(ChildEvent(worker=worker, message=message))
+        except (EOFError, OSError):
+            return True
+        except ProtocolError:
+            log.exception("worker slot %d: child %d sent an undecodable message; replacing it", worker.slot, worker.pid)
+            return True
+        return False
+
+    def _reap(self, worker: Worker) -> ChildEvent:
+        """Record a dead (or dying) child, clean up its tree, and schedule the slot's refill."""
+        worker.process.join(2.0)
+        kill_tree(worker.pid)  # grandchildren left behind in its process group, and the child if still alive
+        worker.process.join(1.0)
+        worker.conn.close()
+        event = ChildEvent(worker=worker, died=True, exitcode=worker.process.exitcode, run=worker.run)
+        self._vacate(worker, died_before_ready=worker.ready is None)
+        return event
+
+    def kill(self, worker: Worker) -> protocol.RunRequest | None:
+        """Kill ``worker``'s whole process tree now and refill its slot. Returns the run it had."""
+        run = worker.run
+        kill_tree(worker.pid)
+        worker.process.join(2.0)
+        worker.conn.close()
+        self._vacate(worker, died_before_ready=False)
+        return run
+
+    def _vacate(self, worker: Worker, died_before_ready: bool) -> None:
+        slot = worker.slot
+        self.workers[slot] = None
+        if died_before_ready:
+            self._backoff_s[slot] = min(MAX_RESPAWN_BACKOFF_S, max(1.0, self._backoff_s[slot] * 2))
+            log.error("worker slot %d: child %d exited before it was ready (exit code %s); retrying in %.0f s",
+                      slot, worker.pid, worker.process.exitcode, self._backoff_s[slot])
+        self._respawn_at[slot] = time.monotonic() + self._backoff_s[slot]
+        self._maintain()
+
+    def _maintain(self) -> None:
+        now = time.monotonic()
+        for slot, worker in list(self.workers.items()):
+            if worker is None and self.refill and now >= self._respawn_at[slot]:
+                self._spawn(slot)
+                self.respawns += 1
+            elif worker is not None and worker.ready is None and now - worker.started_mono > self.ready_timeout_s:
+                log.error("worker slot %d: child %d not ready after %.0f s (a plugin hangs at import?); killing it",
+                          slot, worker.pid, self.ready_timeout_s)
+                kill_tree(worker.pid)
+                worker.process.join(1.0)
+                worker.conn.close()
+                self._vacate(worker, died_before_ready=True)
+
+    def _next_maintenance_in(self) -> float:
+        now = time.monotonic()
+        times = [self._respawn_at[s] - now for s, w in self.workers.items() if w is None and self.refill]
+        times += [w.started_mono + self.ready_timeout_s - now for w in self.workers.values()
+                  if w is not None and w.ready is None]
+        return max(0.0, min(times, default=3600.0))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``, its process group and every descendant (grandchildren included), then reap.
+
+    The child leads its own session, so ``killpg(pid)`` reaches plugin subprocesses; psutil's snapshot of
+    descendants catches any that moved to another group. Processes already gone are ignored.
+    """
+    if pid <= 0:
+        return
+    procs: list[psutil.Process] = []
+    try:
+        parent = psutil.Process(pid)
+        procs = [parent, *parent.children(recursive=True)]
+    except psutil.Error:
+        pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    # The top process is our own child: the caller reaps it (join), so multiprocessing keeps its exit code.
+    psutil.wait_procs(procs[1:], timeout=2.0)

@@ -1,0 +1,122 @@
+"""Messages between the supervisor and its worker children: one tagged union of msgspec Structs,
+MessagePack-encoded, one message per ``Connection.send_bytes``.
+
+Supervisor -> child: :class:`RunRequest`, :class:`ValidateRequest`, :class:`Stop`.
+Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunFinished`,
+:class:`ValidateReply`.
+New fields must get defaults so old and new peers keep decoding each other.
+"""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Connection
+from typing import Any, Union
+
+import msgspec
+
+from .errors import ProtocolError
+
+
+
+class PluginInfo(msgspec.Struct, frozen=True):
+    """A job type a child loaded: name, the module file it came from, its one-line description."""
+
+    job_type: str
+    module: str
+    description: str = ""
+
+
+class LoadFailure(msgspec.Struct, frozen=True):
+    """A plugin module that failed to import (or defined a bad job type), with the traceback text."""
+
+    module: str
+    error: str
+
+
+class Ready(msgspec.Struct, tag=True, frozen=True):
+    """First message of every child: its pid and what its plugin folder yielded."""
+
+    pid: int
+    plugins: list[PluginInfo]
+    failures: list[LoadFailure]
+
+
+class RunRequest(msgspec.Struct, tag=True, frozen=True):
+    """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC)."""
+
+    run_id: int
+    job_id: int
+    job_name: str
+    job_type: str
+    configuration: str | None
+    scheduled_at: float | None = None
+    deadline_at: float | None = None
+
+
+class RunStarted(msgspec.Struct, tag=True, frozen=True):
+    """The plugin's ``execute`` is about to be called; ``at`` is epoch seconds in the child."""
+
+    run_id: int
+    at: float
+
+
+class Heartbeat(msgspec.Struct, tag=True, frozen=True):
+    """``context.heartbeat()`` was called by the plugin of ``run_id``."""
+
+    run_id: int
+    at: float
+
+
+class RunFinished(msgspec.Struct, tag=True, frozen=True):
+    """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``."""
+
+    run_id: int
+    success: bool
+    error_message: str | None = None
+    details: dict[str, Any] | None = None
+
+
+class ValidateRequest(msgspec.Struct, tag=True, frozen=True):
+    """Check that ``job_type`` exists and that ``configuration`` (JSON text) is valid for it."""
+
+    job_type: str
+    configuration: str | None
+
+
+class ValidateReply(msgspec.Struct, tag=True, frozen=True):
+    """``error`` is None when valid, else a one-line message naming the field."""
+
+    error: str | None = None
+
+
+class Stop(msgspec.Struct, tag=True, frozen=True):
+    """Exit cleanly after the current message."""
+
+
+ToChild = Union[RunRequest, ValidateRequest, Stop]
+ToSupervisor = Union[Ready, RunStarted, Heartbeat, RunFinished, ValidateReply]
+
+_encoder = msgspec.msgpack.Encoder()
+_to_child = msgspec.msgpack.Decoder(ToChild)
+_to_supervisor = msgspec.msgpack.Decoder(ToSupervisor)
+
+
+def send(conn: Connection, message: msgspec.Struct) -> None:
+    """Encode and send one message. Raises ``OSError``/``BrokenPipeError`` if the peer is gone."""
+    conn.send_bytes(_encoder.encode(message))
+
+
+def decode_to_child(data: bytes) -> ToChild:
+    """Decode a supervisor->child message; raises :class:`ProtocolError` on garbage."""
+    try:
+        return _to_child.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise ProtocolError(f"bad message to child: {exc}") from None
+
+
+def decode_to_supervisor(data: bytes) -> ToSupervisor:
+    """Decode a child->supervisor message; raises :class:`ProtocolError` on garbage."""
+    try:
+        return _to_supervisor.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise ProtocolError(f"bad message to supervisor: {exc}") from None

@@ -1,0 +1,155 @@
+"""Tables, indexes, engine creation and the database clock. The only module with dialect branches.
+
+The data model is the reference engine's (reference-engine-spec.md §1.2, §1.3) in snake_case. Timestamps
+are stored as naive UTC (``DATETIME(6)`` on MySQL) and read back as aware UTC. The database clock is
+used for every lease decision (acquire, extend, expiry), never the supervisor's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Engine
+
+UTC = dt.timezone.utc
+DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
+
+JOB_STATUSES = ("Pending", "Active", "Paused", "Disabled", "Expired")
+RUN_STATUSES = ("Running", "Completed", "Failed", "Cancelled", "Timeout")
+CONCURRENCY_MODES = ("Skip", "Queue", "Concurrent")
+
+
+class UTCDateTime(sa.TypeDecorator):
+    """Aware UTC datetimes in and out; stored naive UTC with microseconds."""
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(sa.DateTime(timezone=False))
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass aware UTC datetimes")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if isinstance(value, str):  # SQLite values written by the database clock
+            value = dt.datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC)
+
+
+def _check(column: str, values: tuple[str, ...]) -> sa.CheckConstraint:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return sa.CheckConstraint(f"{column} IN ({quoted})", name=f"ck_{column}")
+
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("job_type", sa.String(100), nullable=False),
+    sa.Column("description", sa.Text),
+    sa.Column("cron_expression", sa.String(120), nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False, server_default="UTC"),
+    sa.Column("status", sa.String(20), nullable=False, server_default="Pending"),
+    sa.Column("configuration", sa.Text),
+    sa.Column("start_at", UTCDateTime),
+    sa.Column("end_at", UTCDateTime),
+    sa.Column("next_run_at", UTCDateTime),
+    sa.Column("last_run_at", UTCDateTime),
+    sa.Column("run_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("success_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failure_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("skipped_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_duration_ms", sa.Float),
+    sa.Column("avg_duration_ms", sa.Float),
+    sa.Column("concurrency_mode", sa.String(20), nullable=False, server_default="Skip"),
+    sa.Column("run_immediately_if_never_run", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("max_runtime_minutes", sa.Integer),
+    sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("lock_token", sa.String(36)),
+    sa.Column("locked_at", UTCDateTime),
+    sa.Column("locked_by_instance", sa.String(255)),
+    sa.Column("expected_completion_at", UTCDateTime),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    _check("status", JOB_STATUSES),
+    _check("concurrency_mode", CONCURRENCY_MODES),
+    sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at"),
+)
+
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("scheduled_at", UTCDateTime),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("completed_at", UTCDateTime),
+    sa.Column("status", sa.String(20), nullable=False, server_default="Running"),
+    sa.Column("success", sa.Boolean),
+    sa.Column("error_message", sa.Text),
+    sa.Column("details", sa.Text),
+    sa.Column("queued_at", UTCDateTime),
+    sa.Column("executed_by_instance", sa.String(255)),
+    sa.Column("lock_token", sa.String(36)),
+    sa.Column("deadline_at", UTCDateTime),
+    sa.Column("duration_ms", sa.Float),
+    _check("status", RUN_STATUSES),
+    sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
+    sa.Index("ix_runs_status", "status"),
+)
+
+
+def database_url(cli_value: str | None) -> str:
+    """``--db`` if given, else ``MJSCHED_DATABASE_URL``, else a SQLite file in the current directory."""
+    return cli_value or os.environ.get("MJSCHED_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def create_engine(url: str) -> Engine:
+    """An engine with the schema created. SQLite gets WAL, a 30 s busy timeout and foreign keys."""
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cursor = dbapi_conn.cursor()
+            if url not in ("sqlite://", "sqlite:///:memory:"):
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+    else:
+        engine = sa.create_engine(url, pool_pre_ping=True)
+    metadata.create_all(engine)
+    return engine
+
+
+def db_now(dialect_name: str) -> sa.ColumnElement:
+    """The database's current UTC time as a SQL expression (typed :class:`UTCDateTime`)."""
+    return db_now_plus(dialect_name, 0.0)
+
+
+def db_now_plus(dialect_name: str, seconds: float) -> sa.ColumnElement:
+    """The database's current UTC time plus ``seconds``, as a SQL expression."""
+    if dialect_name == "sqlite":
+        expr = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{seconds:+.6f} seconds")
+    elif dialect_name == "postgresql":
+        expr = sa.func.timezone("UTC", sa.func.clock_timestamp()) + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+    elif dialect_name in ("mysql", "mariadb"):
+        expr = sa.func.timestampadd(sa.text("MICROSECOND"), int(seconds * 1_000_000), sa.func.utc_timestamp(6))
+    else:
+        raise NotImplementedError(f"database dialect {dialect_name!r} is not supported")
+    return sa.type_coerce(expr, UTCDateTime)

@@ -1,0 +1,322 @@
+"""Every read and write of jobs and runs, in SQLAlchemy Core.
+
+Lease protocol (reference-engine-spec.md §2, without its defects): each step is **one conditional UPDATE
+judged by its row count**, never read-then-write, and expiry is judged by the **database clock**:
+
+* :meth:`Store.claim` - take the lease if free or expired *and* move ``next_run_at`` past the occurrence
+  (compare-and-set on the ``next_run_at`` that was read), then insert the Running run row, in one
+  transaction. Each occurrence is claimed at most once.
+* :meth:`Store.release` / :meth:`Store.extend` - only if the token matches.
+* :meth:`Store.finish_run` - terminal run row, then statistics (which never touch lease columns), then a
+  token-checked release, in one transaction.
+
+Rows are returned as plain dicts keyed by column name. All datetimes are aware UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from . import schema
+from .errors import InputError, NotFoundError
+from .schema import jobs, runs
+
+Row = dict[str, Any]
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """A won occurrence: the run row's id and the lease token it runs under (None without a lease)."""
+
+    run_id: int
+    lock_token: str | None
+
+
+class Store:
+    """The database behind one supervisor or CLI call. ``engine`` must have the schema (see
+    :func:`schema.create_engine`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @classmethod
+    def open(cls, url: str) -> "Store":
+        """Connect to ``url`` and create the schema on first use."""
+        return cls(schema.create_engine(url))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def db_now(self) -> dt.datetime:
+        """The database server's current time (aware UTC)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(schema.db_now(self.dialect))).scalar_one()
+
+    # -- jobs: management --------------------------------------------------------------------------
+    def add_job(self, values: Row, now: dt.datetime) -> int:
+        """Insert a job; ``values`` are column values. Raises :class:`InputError` (field ``name``) if the
+        name is taken."""
+        row = {**values, "created_at": now, "updated_at": now}
+        if row.get("configuration") is not None and not isinstance(row["configuration"], str):
+            row["configuration"] = json.dumps(row["configuration"])
+        try:
+            with self.engine.begin() as conn:
+                return conn.execute(jobs.insert().values(**row)).inserted_primary_key[0]
+        except sa.exc.IntegrityError:
+            raise InputError("name", f"a job named {values['name']!r} already exists") from None
+
+    def update_job(self, name: str, values: Row, now: dt.datetime) -> None:
+        """Update the given (non-lease) columns of job ``name``. Raises :class:`NotFoundError`."""
+        values = dict(values)
+        if values.get("configuration") is not None and not isinstance(values["configuration"], str):
+            values["configuration"] = json.dumps(values["configuration"])
+        with self.engine.begin() as conn:
+            result = conn.execute(jobs.update().where(jobs.c.name == name).values(**values, updated_at=now))
+        if result.rowcount != 1:
+            raise NotFoundError("name", f"no job named {name!r}")
+
+    def remove_job(self, name: str) -> None:
+        """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+        with self.engine.begin() as conn:
+            job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar()
+            if job_id is None:
+                raise NotFoundError("name", f"no job named {name!r}")
+            conn.execute(runs.delete().where(runs.c.job_id == job_id))
+            conn.execute(jobs.delete().where(jobs.c.id == job_id))
+
+    def get_job(self, name: str) -> Row:
+        """Job ``name`` as a dict. Raises :class:`NotFoundError`."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.name == name)).mappings().first()
+        if row is None:
+            raise NotFoundError("name", f"no job named {name!r}")
+        return dict(row)
+
+    def get_job_by_id(self, job_id: int) -> Row | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def list_jobs(self) -> list[Row]:
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.select(jobs).order_by(jobs.c.name)).mappings()]
+
+    # -- jobs: what the poll loop reads ------------------------------------------------------------
+    @staticmethod
+    def _effective_due():
+        """``max(next_run_at, start_at)``: a job is never due before its start_at."""
+        return sa.case((jobs.c.start_at > jobs.c.next_run_at, jobs.c.start_at), else_=jobs.c.next_run_at)
+
+    def _dispatchable(self, exclude: set[int]):
+        """Active, scheduled, not excluded, and not a Queue job whose live lease makes it wait."""
+        queue_waiting = sa.and_(jobs.c.concurrency_mode == "Queue", sa.not_(self._lease_free()))
+        conds = [jobs.c.status == "Active", jobs.c.next_run_at.is_not(None), sa.not_(queue_waiting)]
+        if exclude:
+            conds.append(jobs.c.id.not_in(sorted(exclude)))
+        return conds
+
+    def due_jobs(self, now: dt.datetime, limit: int, exclude: set[int] = frozenset()) -> list[Row]:
+        """Jobs due at ``now`` (``max(next_run_at, start_at) <= now``), earliest first. A Queue job
+        whose lease is live is not due yet: its occurrence waits (at most one) until the lease ends."""
+        query = (sa.select(jobs).where(*self._dispatchable(exclude), self._effective_due() <= now)
+                 .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def next_due_at(self, exclude: set[int] = frozenset()) -> dt.datetime | None:
+        """The earliest time any job becomes due by the rules of :meth:`due_jobs` (None if none)."""
+        query = sa.select(sa.type_coerce(sa.func.min(self._effective_due()), schema.UTCDateTime)).where(
+            *self._dispatchable(exclude))
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar()
+
+    def unscheduled_active_jobs(self) -> list[Row]:
+        """Active jobs without a next_run_at (new, resumed or edited outside the CLI)."""
+        query = sa.select(jobs).where(jobs.c.status == "Active", jobs.c.next_run_at.is_(None))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def active_jobs(self) -> list[Row]:
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.select(jobs).where(jobs.c.status == "Active")).mappings()]
+
+    def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
+                        now: dt.datetime, *, skipped: bool = False, status: str | None = None) -> bool:
+        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
+        occurrence; ``status`` optionally changes the status too (e.g. Expired). True if it won."""
+        cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
+        values: Row = {"next_run_at": next_run_at, "updated_at": now}
+        if skipped:
+            values["skipped_count"] = jobs.c.skipped_count + 1
+        if status:
+            values["status"] = status
+        with self.engine.begin() as conn:
+            return conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
+
+    # -- the lease ---------------------------------------------------------------------------------
+    def _lease_free(self):
+        return sa.or_(jobs.c.lock_token.is_(None), jobs.c.expected_completion_at.is_(None),
+                      jobs.c.expected_completion_at < schema.db_now(self.dialect))
+
+    def claim(self, job: Row, *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
+              lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
+              scheduled_at: dt.datetime | None = None, queued_at: dt.datetime | None = None,
+              status: str | None = None) -> Claim | None:
+        """Claim the occurrence ``job["next_run_at"]`` (or a manual run when ``scheduled_at`` is None and
+        ``next_run_at`` is ``job["next_run_at"]``) and insert its Running run row, atomically.
+
+        With ``take_lease`` the job's lease must be free or expired (DB clock) and becomes this run's for
+        ``lease_s`` seconds with a fresh random token. Returns None if another holder has the lease or
+        the occurrence was already claimed (``next_run_at`` changed since it was read).
+        """
+        token = uuid.uuid4().hex if take_lease else None
+        seen = job["next_run_at"]
+        conds = [jobs.c.id == job["id"], jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen]
+        values: Row = {"next_run_at": next_run_at, "updated_at": now}
+        if status is not None:
+            values["status"] = status
+        if take_lease:
+            conds.append(self._lease_free())
+            values.update(lock_token=token, locked_at=schema.db_now(self.dialect), locked_by_instance=instance,
+                          expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
+        with self.engine.begin() as conn:
+            if conn.execute(jobs.update().where(*conds).values(**values)).rowcount != 1:
+                conn.rollback()
+                return None
+            run_id = conn.execute(runs.insert().values(
+                job_id=job["id"], scheduled_at=scheduled_at, started_at=now, status="Running",
+                executed_by_instance=instance, lock_token=token, deadline_at=deadline_at, queued_at=queued_at,
+            )).inserted_primary_key[0]
+        return Claim(run_id=run_id, lock_token=token)
+
+    def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
+        """Heartbeat: move run ``run_id``'s deadline to ``deadline_at`` and, if ``token`` still holds the
+        job's lease, its expiry to DB-now + ``lease_s``. False (and nothing written) if the token lost
+        the lease; a run without a lease (Concurrent) only gets its deadline moved."""
+        with self.engine.begin() as conn:
+            if token is not None:
+                stmt = jobs.update().where(jobs.c.id == job_id, jobs.c.lock_token == token).values(
+                    expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
+                if conn.execute(stmt).rowcount != 1:
+                    return False
+            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "Running")
+                         .values(deadline_at=deadline_at))
+        return True
+
+    def release(self, job_id: int, token: str) -> bool:
+        """Clear the lease if ``token`` still holds it (idempotent: a second call returns False)."""
+        with self.engine.begin() as conn:
+            return conn.execute(_release_stmt(job_id, token)).rowcount == 1
+
+    # -- runs --------------------------------------------------------------------------------------
+    def finish_run(self, run_id: int, job_id: int, token: str | None, *, status: str, success: bool | None,
+                   error_message: str | None, details: dict | None, duration_ms: float | None,
+                   now: dt.datetime, count: bool = True) -> bool:
+        """Record a run's terminal state, update the job's statistics (if ``count``) and release its
+        lease, in one transaction. Only a run still ``Running`` is finished; returns False otherwise
+        (e.g. it was abandoned meanwhile), and then touches nothing else."""
+        with self.engine.begin() as conn:
+            done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "Running").values(
+                status=status, success=success, error_message=error_message, completed_at=now,
+                details=None if details is None else json.dumps(details), duration_ms=duration_ms,
+            )).rowcount == 1
+            if not done:
+                return False
+            if count:
+                conn.execute(_stats_stmt(job_id, bool(success), duration_ms, now))
+            if token is not None:
+                conn.execute(_release_stmt(job_id, token))
+        return True
+
+    def running_runs(self, instance: str | None = None) -> list[Row]:
+        query = sa.select(runs).where(runs.c.status == "Running")
+        if instance is not None:
+            query = query.where(runs.c.executed_by_instance == instance)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def abandon_orphaned_runs(self, now: dt.datetime, exclude_run_ids: set[int] = frozenset()) -> list[Row]:
+        """Mark Failed every Running run whose supervisor is gone: its lease was lost or expired by the DB
+        clock (runs without a lease: their ``deadline_at`` passed). Frees those leases and counts each
+        as a failure. ``exclude_run_ids``: runs the caller itself still supervises. Returns the runs."""
+        lease_lost = sa.or_(
+            jobs.c.lock_token.is_(None), jobs.c.lock_token != runs.c.lock_token,
+            jobs.c.expected_completion_at < schema.db_now(self.dialect))
+        orphaned = sa.or_(sa.and_(runs.c.lock_token.is_not(None), lease_lost),
+                          sa.and_(runs.c.lock_token.is_(None), runs.c.deadline_at < now))
+        orphan_q = sa.select(runs).join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == "Running", orphaned)
+        if exclude_run_ids:
+            orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
+        abandoned = []
+        with self.engine.begin() as conn:
+            for run in conn.execute(orphan_q).mappings().all():
+                message = (f"abandoned: supervisor {run['executed_by_instance']} stopped supervising the run "
+                           f"(started {run['started_at'].isoformat()}) before it finished; its lease expired")
+                if conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == "Running").values(
+                        status="Failed", success=False, completed_at=now, error_message=message)).rowcount:
+                    duration_ms = max(0.0, (now - run["started_at"]).total_seconds() * 1000)
+                    conn.execute(_stats_stmt(run["job_id"], False, duration_ms, now))
+                    if run["lock_token"] is not None:
+                        conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
+                    abandoned.append({**run, "error_message": message})
+        return abandoned
+
+    def get_run(self, run_id: int) -> Row:
+        query = sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id).where(
+            runs.c.id == run_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        if row is None:
+            raise NotFoundError("id", f"no run with id {run_id}")
+        return _decode_details(dict(row))
+
+    def list_runs(self, *, job_name: str | None = None, status: str | None = None, limit: int = 50) -> list[Row]:
+        """Newest first. Raises :class:`NotFoundError` for an unknown ``job_name``."""
+        query = sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id)
+        if job_name is not None:
+            self.get_job(job_name)
+            query = query.where(jobs.c.name == job_name)
+        if status is not None:
+            query = query.where(runs.c.status == status)
+        query = query.order_by(runs.c.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            return [_decode_details(dict(r)) for r in conn.execute(query).mappings()]
+
+
+def _release_stmt(job_id: int, token: str):
+    return jobs.update().where(jobs.c.id == job_id, jobs.c.lock_token == token).values(
+        lock_token=None, locked_at=None, locked_by_instance=None, expected_completion_at=None)
+
+
+def _stats_stmt(job_id: int, success: bool, duration_ms: float | None, now: dt.datetime):
+    """Counts, last_run_at and durations; never a lease column. The running average is assigned before
+    ``run_count`` (MySQL evaluates SET left to right with updated values)."""
+    pairs: list[tuple[Any, Any]] = []
+    if duration_ms is not None:
+        pairs.append((jobs.c.avg_duration_ms, sa.case(
+            (jobs.c.avg_duration_ms.is_(None), duration_ms),
+            else_=(jobs.c.avg_duration_ms * jobs.c.run_count + duration_ms) / (jobs.c.run_count + 1))))
+        pairs.append((jobs.c.last_duration_ms, duration_ms))
+    pairs += [
+        (jobs.c.run_count, jobs.c.run_count + 1),
+        (jobs.c.success_count, jobs.c.success_count + (1 if success else 0)),
+        (jobs.c.failure_count, jobs.c.failure_count + (0 if success else 1)),
+        (jobs.c.last_run_at, now),
+    ]
+    return jobs.update().where(jobs.c.id == job_id).ordered_values(*pairs)
+
+
+def _decode_details(row: Row) -> Row:
+    if row.get("details"):
+        try:
+            row["details"] = json.loads(row["details"])
+        except ValueError:
+            pass
+    return row

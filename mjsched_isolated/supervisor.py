@@ -1,0 +1,393 @@
+"""The supervisor: owns polling, leasing, deadlines, the sweep and shutdown. Never imports plugins.
+
+The path from "job is due" to "run recorded", top to bottom:
+
+1. :meth:`Supervisor.step` (given ``now``) kills runs past their deadline, sweeps orphaned runs, and
+   :meth:`dispatch_due` claims each due job for an idle worker (``Store.claim``: lease + occurrence +
+   Running run row, atomically) and sends it a ``RunRequest``. It returns how long the loop may sleep:
+   until the next due time, the nearest deadline or the rescan interval, whichever is first.
+2. :meth:`serve` (the only code that reads clocks) sleeps in ``Pool.wait`` on every child pipe, child
+   sentinel and the signal pipe at once, so a result, a crash, a signal or a due time wakes it at once.
+3. :meth:`on_events` turns child messages into records: ``RunFinished`` -> Completed/Failed, a dead
+   child -> Failed with its exit code or signal, ``Heartbeat`` -> a token-checked deadline extension.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import signal
+import socket
+from typing import Any
+
+from . import planner, protocol
+from .config import Settings
+from .errors import CronError
+from .pool import ChildEvent, Pool, Worker
+from .store import Store
+
+log = logging.getLogger("mjsched.supervisor")
+UTC = dt.timezone.utc
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(UTC)
+
+
+class InFlight:
+    """A run this supervisor is executing: which worker, under which lease token, until when."""
+
+    def __init__(self, run_id: int, job: dict, token: str | None, worker: Worker, started_at: dt.datetime,
+                 deadline: dt.datetime, timeout_s: float) -> None:
+        self.run_id = run_id
+        self.job_id: int = job["id"]
+        self.job_name: str = job["name"]
+        self.job_type: str = job["job_type"]
+        self.token = token
+        self.worker = worker
+        self.started_at = started_at
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.last_extended = started_at
+
+
+class Supervisor:
+    """One supervisor process. ``store`` and ``pool`` are built by the caller (and closed by it)."""
+
+    def __init__(self, settings: Settings, store: Store, pool: Pool) -> None:
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        self.inflight: dict[int, InFlight] = {}
+        self.accepting = True
+        self.drain_deadline: dt.datetime | None = None
+        self.done = False
+        self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        self.next_sweep_at: dt.datetime | None = None
+        self._logged_failures: set[tuple[str, str]] = set()
+        self._logged_types: tuple[str, ...] | None = None
+        self._signals = 0
+
+    # -- the outer loop: the only place that reads clocks -------------------------------------------
+    def serve(self, run_for_s: float | None = None) -> int:
+        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0."""
+        rsock, wsock = socket.socketpair()
+        for sock in (rsock, wsock):
+            sock.setblocking(False)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        old_wakeup = signal.set_wakeup_fd(wsock.fileno())
+        try:
+            now = utcnow()
+            stop_at = now + dt.timedelta(seconds=run_for_s) if run_for_s is not None else None
+            self.pool.start()
+            log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
+                     self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
+                     self.store.engine.url.render_as_string(hide_password=True))
+            while not self.done:
+                now = utcnow()
+                if self._signals >= 2 and self.inflight:
+                    log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
+                    self.cancel_all(now, "interrupted by shutdown (second signal)")
+                if self._signals or (stop_at is not None and now >= stop_at):
+                    self.begin_shutdown(now)
+                timeout_s = self.step(now)
+                if self.done:
+                    break
+                if stop_at is not None and self.accepting:
+                    timeout_s = min(timeout_s, max(0.0, (stop_at - now).total_seconds()))
+                events, woken = self.pool.wait(timeout_s, [rsock])
+                if woken:
+                    _drain_socket(rsock)
+                self.on_events(events, utcnow())
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            rsock.close()
+            wsock.close()
+            self.pool.close()
+        log.info("supervisor %s stopped", self.settings.instance)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1  # only a flag: the loop acts on it (logging is not signal-safe)
+
+    # -- one step of decisions at a given time --------------------------------------------------------
+    def step(self, now: dt.datetime) -> float:
+        """Enforce deadlines, sweep, dispatch; return the seconds the loop may sleep."""
+        self.enforce_deadlines(now)
+        if not self.accepting:
+            return self._drain_step(now)
+        try:
+            if self.next_sweep_at is None or now >= self.next_sweep_at:
+                self.sweep(now)
+            self.dispatch_due(now)
+            next_due = self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        except Exception:  # noqa: BLE001 - a database outage must not kill the supervisor
+            log.exception("poll failed; retrying in %.1f s", self.settings.rescan_interval_s)
+            next_due = None
+        wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        for when in (next_due, self.next_sweep_at, *(f.deadline for f in self.inflight.values())):
+            if when is not None and when < wake:
+                wake = when
+        return max(0.001, (wake - now).total_seconds())
+
+    def sweep(self, now: dt.datetime) -> None:
+        """Fail runs whose supervisor is gone, and give unscheduled Active jobs a next_run_at."""
+        self.next_sweep_at = now + dt.timedelta(seconds=self.settings.sweep_interval_s)
+        self._forget_fixed_bad_jobs()
+        for run in self.store.abandon_orphaned_runs(now, exclude_run_ids=set(self.inflight)):
+            log.error("run %d of job %d marked Failed: %s", run["id"], run["job_id"], run["error_message"])
+        for job in self.store.unscheduled_active_jobs():
+            if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
+                continue
+            try:
+                next_run_at = planner.initial_next_run_at(job, now)
+            except CronError as exc:
+                self._mark_bad(job, str(exc))
+                continue
+            status = "Expired" if next_run_at is None else None
+            if self.store.set_next_run_at(job["id"], None, next_run_at, now, status=status):
+                log.info("job %s scheduled: next_run_at %s", job["name"], _iso(next_run_at) if next_run_at else
+                         "none (end_at passed; status Expired)")
+
+    def dispatch_due(self, now: dt.datetime) -> None:
+        """Claim due jobs, earliest first, for idle workers, and hand them over. Does not wait for runs."""
+        idle = self.pool.idle_workers()
+        if not idle or self.pool.last_ready is None:
+            return
+        known = {p.job_type for p in self.pool.last_ready.plugins}
+        for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
+            if not idle:
+                break
+            if self._dispatch_one(job, known, now, idle[-1]):
+                idle.pop()
+
+    def _dispatch_one(self, job: dict, known: set[str], now: dt.datetime, worker: Worker) -> bool:
+        """Run, skip or set aside one due job. True if it took ``worker``."""
+        seen = job["next_run_at"]
+        if planner.expired(job, now):
+            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
+                log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
+                            job["name"], _iso(job["end_at"]), _iso(seen))
+            return False
+        try:
+            next_run_at = planner.next_after_claim(job, now)
+        except CronError as exc:
+            self._mark_bad(job, str(exc))
+            return False
+        if job["job_type"] not in known:
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
+                log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
+                          job["name"], _iso(seen), job["job_type"])
+            return False
+        if self._claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
+            return True
+        if job["concurrency_mode"] == "Skip" and self.store.set_next_run_at(
+                job["id"], seen, next_run_at, now, skipped=True):
+            log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
+                        job["name"], _iso(seen))
+        return False
+
+    def _claim(self, job: dict, now: dt.datetime, next_run_at: dt.datetime | None, worker: Worker,
+               scheduled_at: dt.datetime | None) -> InFlight | None:
+        """Claim the occurrence (or manual run) and hand it to ``worker``; None if the claim lost."""
+        timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+        deadline = now + dt.timedelta(seconds=timeout_s)
+        claim = self.store.claim(
+            job, now=now, next_run_at=next_run_at, instance=self.settings.instance, lease_s=timeout_s,
+            deadline_at=deadline, take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
+            queued_at=planner.queued_at(job, scheduled_at),
+            status="Expired" if next_run_at is None and scheduled_at is not None else None)
+        if claim is None:
+            return None
+        flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
+        self.inflight[claim.run_id] = flight
+        request = protocol.RunRequest(
+            run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
+            configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
+            deadline_at=deadline.timestamp())
+        try:
+            self.pool.submit(worker, request)
+        except OSError:
+            log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid, claim.run_id)
+        log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
+                 job["job_type"], _iso(scheduled_at) if scheduled_at else "a manual request", worker.pid, _iso(deadline))
+        return flight
+
+    # -- manual runs ------------------------------------------------------------------------------
+    def run_now(self, job: dict, *, ready_timeout_s: float) -> int | None:
+        """``jobs run NAME``: run ``job`` once now, through a worker, and wait for it to be recorded.
+
+        Skip and Queue jobs need the job's lease, so a live run refuses the request (None is returned);
+        Concurrent jobs always start. The schedule (``next_run_at``) is left as it is. Reads clocks: it is
+        an outer loop, like :meth:`serve`. Returns the run id.
+        """
+        self.pool.start()
+        give_up = utcnow() + dt.timedelta(seconds=ready_timeout_s)
+        while not self.pool.idle_workers():
+            if utcnow() >= give_up:
+                raise TimeoutError(f"no worker became ready within {ready_timeout_s:.0f} s")
+            events, _ = self.pool.wait((give_up - utcnow()).total_seconds())
+            self.on_events(events, utcnow())
+        worker = self.pool.idle_workers()[0]
+        known = {p.job_type for p in self.pool.last_ready.plugins} if self.pool.last_ready else set()
+        if job["job_type"] not in known:
+            raise LookupError(f"job_type {job['job_type']!r} is not available (see `plugins list`)")
+        now = utcnow()
+        flight = self._claim(job, now, job["next_run_at"], worker, scheduled_at=None)
+        if flight is None:
+            return None
+        run_id = flight.run_id
+        while run_id in self.inflight:
+            self.enforce_deadlines(utcnow())
+            if run_id not in self.inflight:
+                break
+            wait_s = (self.inflight[run_id].deadline - utcnow()).total_seconds()
+            events, _ = self.pool.wait(max(0.0, wait_s))
+            self.on_events(events, utcnow())
+        return run_id
+
+    # -- events from children ---------------------------------------------------------------------
+    def on_events(self, events: list[ChildEvent], now: dt.datetime) -> None:
+        """Record results, crashes and heartbeats reported by the pool."""
+        for event in events:
+            if event.died:
+                self._on_death(event, now)
+                continue
+            message = event.message
+            flight = self.inflight.get(getattr(message, "run_id", -1))
+            if isinstance(message, protocol.RunFinished) and flight is not None:
+                del self.inflight[message.run_id]
+                self.record(flight, now, status="Completed" if message.success else "Failed",
+                            success=message.success, error_message=message.error_message,
+                            details=message.details)
+            elif isinstance(message, protocol.RunStarted) and flight is not None:
+                log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
+                          (message.at - flight.started_at.timestamp()) * 1000)
+            elif isinstance(message, protocol.Heartbeat) and flight is not None:
+                self.heartbeat(flight, now)
+            elif isinstance(message, protocol.Ready):
+                self._log_plugins(message)
+
+    def _on_death(self, event: ChildEvent, now: dt.datetime) -> None:
+        code = event.exitcode
+        how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        flight = self.inflight.pop(event.run.run_id, None) if event.run is not None else None
+        if flight is None:
+            log.warning("worker %d exited while idle (%s); slot refilled", event.worker.pid, how)
+            return
+        self.record(flight, now, status="Failed", success=False,
+                    error_message=f"worker process {event.worker.pid} died during the run ({how})")
+
+    def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
+        """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s``, to
+        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
+        if (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
+            return
+        deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
+        if self.store.extend(flight.job_id, flight.token, (deadline - now).total_seconds(), flight.run_id, deadline):
+            flight.deadline = deadline
+            flight.last_extended = now
+            log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, _iso(deadline))
+        else:
+            log.warning("run %d of job %s: heartbeat could not extend the lease (token no longer holds it)",
+                        flight.run_id, flight.job_name)
+
+    # -- deadlines, shutdown ----------------------------------------------------------------------
+    def enforce_deadlines(self, now: dt.datetime) -> None:
+        """Kill every run past its deadline (whole process tree) and record it as Timeout."""
+        for flight in [f for f in self.inflight.values() if now >= f.deadline]:
+            del self.inflight[flight.run_id]
+            pid = flight.worker.pid
+            self.pool.kill(flight.worker)
+            self.record(flight, now, status="Timeout", success=False,
+                        error_message=(f"run exceeded its deadline of {flight.timeout_s:.0f} s "
+                                       f"(started {_iso(flight.started_at)}); worker {pid} and its process tree "
+                                       "were killed"))
+
+    def begin_shutdown(self, now: dt.datetime) -> None:
+        """Stop dispatching; in-flight runs get ``shutdown_timeout_s`` to finish."""
+        if not self.accepting:
+            return
+        self.accepting = False
+        self.pool.refill = False
+        self.drain_deadline = now + dt.timedelta(seconds=self.settings.shutdown_timeout_s)
+        log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
+                 self.settings.shutdown_timeout_s, len(self.inflight))
+
+    def _drain_step(self, now: dt.datetime) -> float:
+        if not self.inflight:
+            self.done = True
+            return 0.0
+        if self.drain_deadline is None or now >= self.drain_deadline:
+            self.cancel_all(now, "interrupted by shutdown")
+            self.done = True
+            return 0.0
+        wake = min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
+        return max(0.0, (wake - now).total_seconds())
+
+    def cancel_all(self, now: dt.datetime, reason: str) -> None:
+        """Kill every in-flight run's process tree and record it Cancelled (lease released)."""
+        for flight in list(self.inflight.values()):
+            del self.inflight[flight.run_id]
+            self.pool.kill(flight.worker)
+            self.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
+
+    # -- recording --------------------------------------------------------------------------------
+    def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
+               error_message: str | None = None, details: dict | None = None, count: bool = True) -> None:
+        """Write the run's terminal state, the job's statistics and the lease release (one transaction).
+        ``duration_ms`` is the run row's ``completed_at - started_at``, as in the reference."""
+        duration_ms = max(0.0, (now - flight.started_at).total_seconds() * 1000)
+        try:
+            recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, status=status,
+                                             success=success, error_message=error_message, details=details,
+                                             duration_ms=duration_ms, now=now, count=count)
+        except Exception:  # noqa: BLE001
+            log.exception("run %d of job %s: could not record %s", flight.run_id, flight.job_name, status)
+            return
+        if not recorded:
+            log.warning("run %d of job %s: result %s not recorded: the run was no longer Running (abandoned)",
+                        flight.run_id, flight.job_name, status)
+            return
+        level = logging.INFO if status == "Completed" else logging.ERROR
+        log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
+                duration_ms, f": {error_message}" if error_message and status != "Completed" else "")
+
+    # -- bad jobs and plugin reporting --------------------------------------------------------------
+    def _mark_bad(self, job: dict, reason: str) -> None:
+        if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
+            log.error("job %s skipped until it is fixed: %s", job["name"], reason)
+        self.bad_jobs[job["id"]] = (job["updated_at"], reason)
+
+    def _forget_fixed_bad_jobs(self) -> None:
+        """Give a bad job another chance once its row has changed (``updated_at`` moved)."""
+        for job_id, (updated_at, _) in list(self.bad_jobs.items()):
+            row = self.store.get_job_by_id(job_id)
+            if row is None or row["updated_at"] != updated_at:
+                del self.bad_jobs[job_id]
+
+    def _log_plugins(self, ready: protocol.Ready) -> None:
+        types = tuple(sorted(p.job_type for p in ready.plugins))
+        if types != self._logged_types:
+            self._logged_types = types
+            log.info("job types available: %s", ", ".join(types) or "none")
+        for failure in ready.failures:
+            key = (failure.module, failure.error)
+            if key not in self._logged_failures:
+                self._logged_failures.add(key)
+                log.error("plugin module %s failed to load; its job types are unavailable:\n%s",
+                          failure.module, failure.error.rstrip())
+
+
+def _iso(when: dt.datetime | None) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z") if when else "-"
+
+
+def _drain_socket(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass

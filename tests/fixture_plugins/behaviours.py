@@ -1,0 +1,126 @@
+"""Test plugins with known behaviours: succeed, fail, raise, crash the child, hang, sleep."""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+from mjsched_isolated.errors import ConfigurationError
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    marker_dir: str | None = None  # a file <run_id>.started is written there when execute begins
+    seconds: float = 0.0
+    exit_code: int = 3
+
+
+def _mark(context) -> None:
+    cfg = context.configuration
+    if cfg.marker_dir:
+        Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.started").write_text(str(os.getpid()))
+
+
+class Ok(BaseScheduledJob):
+    job_type = "ok"
+    configuration_type = Config
+    description = "succeeds at once and reports when execute began"
+
+    def execute(self, context):
+        started = time.time()
+        _mark(context)
+        return ScheduledJobResult(success=True, details={"plugin_started_at": started, "pid": os.getpid()})
+
+
+class Fail(BaseScheduledJob):
+    job_type = "fail"
+    configuration_type = Config
+
+    def execute(self, context):
+        return ScheduledJobResult(success=False, error_message="it did not work", details={"why": "test"})
+
+
+class Boom(BaseScheduledJob):
+    job_type = "boom"
+    configuration_type = Config
+
+    def execute(self, context):
+        raise RuntimeError("kaboom")
+
+
+class Exit(BaseScheduledJob):
+    job_type = "exit"
+    configuration_type = Config
+
+    def execute(self, context):
+        os._exit(context.configuration.exit_code)
+
+
+class Segv(BaseScheduledJob):
+    job_type = "segv"
+    configuration_type = Config
+
+    def execute(self, context):
+        ctypes.string_at(0)  # a real segmentation fault
+        return ScheduledJobResult(success=True)
+
+
+class Sleep(BaseScheduledJob):
+    job_type = "sleep"
+    configuration_type = Config
+
+    def execute(self, context):
+        _mark(context)
+        time.sleep(context.configuration.seconds)
+        return ScheduledJobResult(success=True)
+
+
+class Beat(BaseScheduledJob):
+    """Sleeps ``seconds`` in small steps, calling heartbeat() each step."""
+
+    job_type = "beat"
+    configuration_type = Config
+
+    def execute(self, context):
+        _mark(context)
+        end = time.monotonic() + context.configuration.seconds
+        while time.monotonic() < end:
+            context.heartbeat()
+            time.sleep(0.05)
+        return ScheduledJobResult(success=True)
+
+
+class Hang(BaseScheduledJob):
+    """Starts a grandchild that sleeps forever (its pid in <marker_dir>/<job>.<run>.grandchild), then hangs."""
+
+    job_type = "hang"
+    configuration_type = Config
+
+    def execute(self, context):
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
+        cfg = context.configuration
+        if cfg.marker_dir:
+            Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild").write_text(str(grandchild.pid))
+        _mark(context)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # only SIGKILL will do
+        while True:
+            time.sleep(3600)
+
+
+class Picky(BaseScheduledJob):
+    """Rejects configurations whose seconds is negative (validate_configuration)."""
+
+    job_type = "picky"
+    configuration_type = Config
+
+    def validate_configuration(self, configuration):
+        if configuration.seconds < 0:
+            raise ConfigurationError("configuration.seconds: must be >= 0")
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
