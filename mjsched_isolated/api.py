@@ -160,9 +160,14 @@ class BaseScheduledJob:
 
 
 def _field_message(msgspec_message: str) -> str:
-    """Turn msgspec's ``"Expected `int`, got `str` - at `$.a.b`"`` into ``"configuration.a.b: Expected ..."``."""
+    """Turn msgspec's ``"Expected `int`, got `str` - at `$.a.b`"`` into ``"configuration.a.b: Expected ..."``,
+    and ``"Object missing required field `x`"`` into ``"configuration.x: missing required field"``."""
     text, sep, where = msgspec_message.rpartition(" - at `")
     if not sep:
-        return f"configuration: {msgspec_message}"
+        text, where = msgspec_message, "$"
     path = where.rstrip("`").replace("$", "configuration", 1)
+    for prefix, what in (("Object missing required field `", "missing required field"),
+                         ("Object contains unknown field `", "unknown field")):
+        if text.startswith(prefix):  # name the field itself, not the object holding it
+            return f"{path}.{text[len(prefix):].rstrip('`')}: {what}"
     return f"{path}: {text}"

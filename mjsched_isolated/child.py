@@ -18,6 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 import msgspec
+import psutil
 
 from . import protocol
 from .api import JobContext, ScheduledJobResult
@@ -115,9 +116,15 @@ class _Sender:
 
 
 def _watch_parent(parent_pid: int) -> None:
+    """Supervisor gone: kill every descendant (even those in sessions of their own), then our group."""
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_INTERVAL_S)
-    os.killpg(os.getpgid(0), signal.SIGKILL)  # supervisor gone: take the plugin's tree down with us
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _from_epoch(value: float | None) -> dt.datetime | None:

@@ -225,7 +225,7 @@ class Pool:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``, its process group and every descendant (grandchildren included), then reap.
+    """SIGKILL ``pid``, its process group and every descendant (grandchildren included).
 
     The child leads its own session, so ``killpg(pid)`` reaches plugin subprocesses; psutil's snapshot of
     descendants catches any that moved to another group. Processes already gone are ignored.
@@ -247,5 +247,5 @@ def kill_tree(pid: int) -> None:
             proc.kill()
         except psutil.Error:
             pass
-    # The top process is our own child: the caller reaps it (join), so multiprocessing keeps its exit code.
-    psutil.wait_procs(procs[1:], timeout=2.0)
+    # No waiting here: SIGKILL cannot be caught or ignored. The top process is our own child, which the
+    # caller reaps (join) so multiprocessing keeps its exit code; orphaned descendants are reaped by init.

@@ -302,7 +302,7 @@ class Supervisor:
             pid = flight.worker.pid
             self.pool.kill(flight.worker)
             self.record(flight, now, status="Timeout", success=False,
-                        error_message=(f"run exceeded its deadline of {flight.timeout_s:.0f} s "
+                        error_message=(f"run exceeded its deadline of {flight.timeout_s:g} s "
                                        f"(started {_iso(flight.started_at)}); worker {pid} and its process tree "
                                        "were killed"))
 

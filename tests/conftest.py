@@ -1,0 +1,115 @@
+"""Shared fixtures: a fresh SQLite store per test, the fixture plugins, and a bounded supervisor driver."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from mjsched_isolated.config import Settings
+from mjsched_isolated.pool import Pool
+from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor import Supervisor, utcnow
+
+FIXTURE_PLUGINS = str(Path(__file__).parent / "fixture_plugins")
+UTC = dt.timezone.utc
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mjsched.db'}"
+
+
+@pytest.fixture
+def store(db_url: str):
+    s = Store.open(db_url)
+    yield s
+    s.close()
+
+
+def add_job(store: Store, name: str, job_type: str, cron: str = "* * * * * *", *, now: dt.datetime | None = None,
+            next_run_at: dt.datetime | None = None, **values) -> dict:
+    """Insert an Active job due at ``next_run_at`` (default: now) and return its row."""
+    now = now or utcnow()
+    store.add_job({"name": name, "job_type": job_type, "cron_expression": cron, "status": "Active",
+                   "next_run_at": next_run_at or now, **values}, now)
+    return store.get_job(name)
+
+
+def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
+    """Wait (bounded) until every pid has exited (a zombie counts as exited); return those still alive."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    give_up = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() >= give_up:
+            return [p.pid for p in alive]
+        psutil.wait_procs(alive, timeout=0.05)
+
+
+class Driver:
+    """Runs a real Supervisor + Pool in this process, step by step, like ``serve`` but without signals.
+
+    ``until(cond, timeout_s)`` loops step -> pool.wait -> on_events until ``cond()`` holds; it fails the
+    test if ``timeout_s`` passes first. Every wait is bounded; nothing sleeps.
+    """
+
+    def __init__(self, store: Store, db_url: str, **settings) -> None:
+        settings.setdefault("plugins_dir", FIXTURE_PLUGINS)
+        settings.setdefault("max_concurrent_jobs", 2)
+        self.settings = Settings(database_url=db_url, **settings)
+        self.pool = Pool(self.settings.max_concurrent_jobs, self.settings.plugins_dir,
+                         ready_timeout_s=self.settings.worker_ready_timeout_s)
+        self.supervisor = Supervisor(self.settings, store, self.pool)
+        self.max_inflight = 0
+
+    def start(self) -> "Driver":
+        self.pool.start()
+        self.until(lambda: len(self.pool.idle_workers()) == self.pool.size, 30)
+        return self
+
+    def until(self, cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        while not cond():
+            if self.supervisor.done:
+                pytest.fail("supervisor stopped before the condition held")
+            left = give_up - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"condition not met within {timeout_s} s")
+            wait_s = min(self.supervisor.step(utcnow()), left)
+            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
+            events, _ = self.pool.wait(wait_s)
+            self.supervisor.on_events(events, utcnow())
+            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@pytest.fixture
+def driver_factory(store: Store, db_url: str):
+    made: list[Driver] = []
+
+    def make(**settings) -> Driver:
+        d = Driver(store, db_url, **settings)
+        made.append(d)
+        return d.start()
+
+    yield make
+    for d in made:
+        d.close()

@@ -1,0 +1,211 @@
+"""End to end in this process: a real Supervisor, a real spawn pool, real plugins, a real SQLite file.
+
+Each test drives the supervisor with ``Driver.until``, which waits on child pipes and sentinels with a
+bound; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import psutil
+
+from conftest import add_job, wait_gone
+from mjsched_isolated.supervisor import utcnow
+
+
+def _runs(store, name, status=None):
+    return [r for r in store.list_runs(job_name=name, limit=1000) if status is None or r["status"] == status]
+
+
+def _finished(store, name, n=1):
+    return lambda: len([r for r in _runs(store, name) if r["status"] != "Running"]) >= n
+
+
+def test_success_records_run_stats_and_releases_lease(store, driver_factory):
+    d = driver_factory()
+    job = add_job(store, "ok1", "ok", "0 0 1 1 *")
+    d.until(_finished(store, "ok1"))
+    run = _runs(store, "ok1")[0]
+    assert run["status"] == "Completed" and run["success"] is True
+    assert run["scheduled_at"] == job["next_run_at"]
+    assert run["completed_at"] >= run["started_at"]
+    assert run["details"]["pid"] in {w.pid for w in d.pool.workers.values() if w}
+    after = store.get_job("ok1")
+    assert (after["run_count"], after["success_count"], after["failure_count"]) == (1, 1, 0)
+    assert after["lock_token"] is None and after["expected_completion_at"] is None
+    assert after["next_run_at"] > job["next_run_at"] and after["last_duration_ms"] is not None
+
+
+def test_plugin_exception_and_failure_result_are_failed_runs(store, driver_factory):
+    d = driver_factory()
+    add_job(store, "boom1", "boom", "0 0 1 1 *")
+    add_job(store, "fail1", "fail", "0 0 1 1 *")
+    d.until(lambda: _finished(store, "boom1")() and _finished(store, "fail1")())
+    boom = _runs(store, "boom1")[0]
+    assert boom["status"] == "Failed" and "RuntimeError: kaboom" in boom["error_message"]
+    assert "Traceback" in boom["details"]["traceback"]
+    fail = _runs(store, "fail1")[0]
+    assert fail["status"] == "Failed" and fail["error_message"] == "it did not work"
+    assert fail["details"] == {"why": "test"}
+    assert store.get_job("boom1")["failure_count"] == 1
+
+
+def test_os_exit_and_segfault_cost_one_run_and_the_slot_is_refilled(store, driver_factory):
+    d = driver_factory()
+    pids_before = {w.pid for w in d.pool.workers.values()}
+    add_job(store, "exit1", "exit", "0 0 1 1 *")
+    add_job(store, "segv1", "segv", "0 0 1 1 *")
+    d.until(lambda: _finished(store, "exit1")() and _finished(store, "segv1")())
+    assert "exit code 3" in _runs(store, "exit1")[0]["error_message"]
+    assert "SIGSEGV" in _runs(store, "segv1")[0]["error_message"]
+    d.until(lambda: len(d.pool.idle_workers()) == 2)
+    assert not pids_before & {w.pid for w in d.pool.workers.values()}  # both children replaced
+    add_job(store, "ok-after", "ok", "0 0 1 1 *")  # the scheduler goes on
+    d.until(_finished(store, "ok-after"))
+    assert _runs(store, "ok-after")[0]["status"] == "Completed"
+
+
+def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(store, driver_factory, tmp_path):
+    d = driver_factory(lease_timeout_s=1.5)
+    config = json.dumps({"marker_dir": str(tmp_path)})
+    add_job(store, "hang1", "hang", "0 0 1 1 *", configuration=config)
+    d.until(lambda: list(tmp_path.glob("hang1.*.grandchild")))
+    grandchild = psutil.Process(int(next(tmp_path.glob("hang1.*.grandchild")).read_text()))
+    hung_pid = int(next(tmp_path.glob("hang1.*.started")).read_text())
+    # another job type comes due while the first one hangs, just after its deadline
+    due = store.get_job("hang1")
+    other_due = _runs(store, "hang1")[0]["deadline_at"] + dt.timedelta(milliseconds=300)
+    add_job(store, "ok-other", "ok", "0 0 1 1 *", next_run_at=other_due)
+    d.until(lambda: _finished(store, "hang1")() and _finished(store, "ok-other")())
+    run = _runs(store, "hang1")[0]
+    assert run["status"] == "Timeout" and "deadline" in run["error_message"]
+    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=1)
+    assert wait_gone([grandchild.pid, hung_pid]) == []
+    other = _runs(store, "ok-other")[0]
+    assert other["status"] == "Completed"
+    started = dt.datetime.fromtimestamp(other["details"]["plugin_started_at"], dt.timezone.utc)
+    assert started - other["scheduled_at"] < dt.timedelta(seconds=1)
+    d.until(lambda: len(d.pool.idle_workers()) == 2)  # slot refilled
+    assert store.get_job("hang1")["lock_token"] is None and due["failure_count"] == 0
+    assert store.get_job("hang1")["failure_count"] == 1
+    assert run["id"] not in d.supervisor.inflight
+
+
+def test_never_more_than_the_cap_running(store, driver_factory):
+    d = driver_factory(max_concurrent_jobs=2)
+    for i in range(6):
+        add_job(store, f"s{i}", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 0.2}))
+    d.until(lambda: all(_finished(store, f"s{i}")() for i in range(6)))
+    assert d.max_inflight == 2
+    spans = [(r["started_at"], r["completed_at"]) for i in range(6) for r in _runs(store, f"s{i}")]
+    for start, _ in spans:
+        overlapping = sum(1 for s, e in spans if s <= start < e)
+        assert overlapping <= 2
+
+
+def test_bad_job_rows_are_reported_and_skipped_and_the_scheduler_goes_on(store, driver_factory, caplog):
+    d = driver_factory()
+    add_job(store, "bad-cron", "ok", "not a cron")
+    add_job(store, "bad-type", "no_such_type", "* * * * * *")
+    add_job(store, "bad-config", "picky", "0 0 1 1 *", configuration=json.dumps({"seconds": -1}))
+    add_job(store, "bad-json", "ok", "0 0 1 1 *", configuration="{not json")
+    add_job(store, "good", "ok", "* * * * * *")
+    d.until(lambda: _finished(store, "good", 3)() and store.get_job("bad-type")["skipped_count"] >= 2
+            and _finished(store, "bad-config")() and _finished(store, "bad-json")())
+    assert _runs(store, "bad-cron") == [] and _runs(store, "bad-type") == []
+    assert "cron_expression" in caplog.text and "no_such_type" in caplog.text
+    assert "configuration.seconds" in _runs(store, "bad-config")[0]["error_message"]
+    assert "invalid JSON" in _runs(store, "bad-json")[0]["error_message"]
+    assert all(r["status"] == "Completed" for r in _runs(store, "good"))
+
+
+def test_heartbeats_extend_the_deadline_and_silence_does_not(store, driver_factory):
+    d = driver_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0)
+    add_job(store, "beats", "beat", "0 0 1 1 *", configuration=json.dumps({"seconds": 2.5}))
+    add_job(store, "silent", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 2.5}))
+    d.until(lambda: _finished(store, "beats")() and _finished(store, "silent")())
+    assert _runs(store, "beats")[0]["status"] == "Completed"
+    assert _runs(store, "silent")[0]["status"] == "Timeout"
+
+
+def test_skip_mode_skips_occurrences_while_a_run_is_live(store, driver_factory):
+    d = driver_factory(max_concurrent_jobs=3)
+    add_job(store, "slow", "sleep", "* * * * * *", configuration=json.dumps({"seconds": 1.6}))
+    d.until(lambda: store.get_job("slow")["skipped_count"] >= 1 and _finished(store, "slow", 2)())
+    runs = sorted(_runs(store, "slow"), key=lambda r: r["started_at"])
+    for a, b in zip(runs, runs[1:]):
+        assert a["completed_at"] is not None and a["completed_at"] <= b["started_at"]
+
+
+def test_concurrent_mode_overlaps_runs(store, driver_factory):
+    d = driver_factory(max_concurrent_jobs=3)
+    add_job(store, "par", "sleep", "* * * * * *", configuration=json.dumps({"seconds": 1.5}),
+            concurrency_mode="Concurrent")
+    d.until(lambda: d.max_inflight >= 2 and _finished(store, "par", 2)())
+    runs = _runs(store, "par")
+    assert all(r["lock_token"] is None for r in runs)
+
+
+def test_queue_mode_runs_the_pending_occurrence_when_the_live_run_ends(store, driver_factory):
+    d = driver_factory(max_concurrent_jobs=3)
+    add_job(store, "q", "sleep", "* * * * * *", configuration=json.dumps({"seconds": 1.5}), concurrency_mode="Queue")
+    d.until(lambda: any(r["queued_at"] for r in _runs(store, "q") if r["status"] != "Running"))
+    runs = sorted(_runs(store, "q"), key=lambda r: r["started_at"])
+    for a, b in zip(runs, runs[1:]):
+        assert a["completed_at"] is not None and a["completed_at"] <= b["started_at"]
+    queued = next(r for r in runs if r["queued_at"])
+    previous = runs[runs.index(queued) - 1]
+    assert queued["started_at"] - previous["completed_at"] < dt.timedelta(seconds=1)
+    assert store.get_job("q")["skipped_count"] == 0
+
+
+def test_orphaned_run_of_a_dead_supervisor_is_abandoned(store, driver_factory, db_url):
+    now = utcnow()
+    job = add_job(store, "orphan", "ok", "0 0 1 1 *", next_run_at=now + dt.timedelta(days=1))
+    claim = store.claim(job, now=now, next_run_at=job["next_run_at"], instance="deadhost-42", lease_s=0.001,
+                        deadline_at=now, scheduled_at=None)
+    d = driver_factory()
+    d.until(lambda: store.get_run(claim.run_id)["status"] != "Running")
+    run = store.get_run(claim.run_id)
+    assert run["status"] == "Failed" and "deadhost-42" in run["error_message"] and "abandoned" in run["error_message"]
+    assert store.get_job("orphan")["lock_token"] is None
+
+
+def test_status_window_and_run_immediately(store, driver_factory):
+    d = driver_factory()
+    now = utcnow()
+    add_job(store, "paused", "ok", "* * * * * *", status="Paused")
+    add_job(store, "later", "ok", "* * * * * *", start_at=now + dt.timedelta(days=1))
+    add_job(store, "ended", "ok", "* * * * * *", end_at=now - dt.timedelta(seconds=1))
+    store.add_job({"name": "fresh", "job_type": "ok", "cron_expression": "0 0 1 1 *", "status": "Active",
+                   "run_immediately_if_never_run": True}, now)  # next_run_at unset: the sweep seeds it
+    d.until(lambda: _finished(store, "fresh")() and store.get_job("ended")["status"] == "Expired")
+    assert _runs(store, "paused") == [] and _runs(store, "later") == [] and _runs(store, "ended") == []
+    assert store.get_job("fresh")["next_run_at"].year > now.year
+
+
+def test_supervisor_memory_keeps_nothing_of_killed_runs(store, driver_factory, tmp_path):
+    d = driver_factory(lease_timeout_s=0.5)
+    add_job(store, "h", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
+    d.until(_finished(store, "h"))
+    assert d.supervisor.inflight == {}
+    assert all(w is None or w.run is None for w in d.pool.workers.values())
+
+
+def test_plugin_hanging_at_import_does_not_block_the_supervisor(store, db_url, tmp_path):
+    from conftest import Driver
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "stuck.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=0.5, max_concurrent_jobs=1)
+    d.pool.start()
+    first = d.pool.workers[0].pid
+    try:
+        d.until(lambda: d.pool.workers[0] is not None and d.pool.workers[0].pid != first, 10)
+        assert wait_gone([first]) == []
+    finally:
+        d.close()
+    assert Path(plugins / "stuck.py").exists()
