@@ -139,6 +139,8 @@ def _print_json(value: Any) -> None:
 def _fmt(value: Any) -> str:
     if isinstance(value, dt.datetime):
         return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, float):
+        return f"{value:.1f}"
     return "-" if value is None else str(value)
 
 

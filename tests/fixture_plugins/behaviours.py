@@ -107,6 +107,7 @@ class Hang(BaseScheduledJob):
         if cfg.marker_dir:
             Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild").write_text(str(grandchild.pid))
         _mark(context)
+        print(f"hang: run {context.run_id} grandchild {grandchild.pid}", flush=True)  # for tests reading the log
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # only SIGKILL will do
         while True:
             time.sleep(3600)

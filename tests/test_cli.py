@@ -1,0 +1,149 @@
+"""The CLI as a user runs it: real processes, a real SQLite file, the fixture plugins."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURE_PLUGINS, add_job
+from mjsched_isolated.schema import jobs, runs
+from mjsched_isolated.supervisor import utcnow
+
+
+@pytest.fixture
+def cli(db_url, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
+    env.update(MJSCHED_DATABASE_URL=db_url, MJSCHED_PLUGINS_DIR=FIXTURE_PLUGINS)
+
+    def run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
+                              timeout=60, env=env, cwd=tmp_path)
+        assert proc.returncode == expect, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    return run
+
+
+def _error_line(proc) -> str:
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--type", "ok", "--cron", "61 * * * *"], "cron_expression"),
+    (["--type", "ok", "--cron", "* * * *"], "cron_expression"),
+    (["--type", "ok", "--cron", "* * * * *", "--tz", "Nowhere/Land"], "timezone"),
+    (["--type", "nope", "--cron", "* * * * *"], "job_type"),
+    (["--type", "ok", "--cron", "* * * * *", "--config", "{broken"], "--config"),
+    (["--type", "ok", "--cron", "* * * * *", "--config", '{"seconds": "x"}'], "configuration.seconds"),
+    (["--type", "ok", "--cron", "* * * * *", "--config", '{"nonsense": 1}'], "configuration.nonsense"),
+    (["--type", "picky", "--cron", "* * * * *", "--config", '{"seconds": -1}'], "configuration.seconds"),
+    (["--type", "ok", "--cron", "* * * * *", "--concurrency-mode", "Often"], "concurrency_mode"),
+    (["--type", "ok", "--cron", "* * * * *", "--max-runtime-minutes", "0"], "max_runtime_minutes"),
+    (["--type", "ok", "--cron", "* * * * *", "--start-at", "tomorrow"], "--start-at"),
+    (["--type", "ok", "--cron", "* * * * *", "--start-at", "2030-01-02", "--end-at", "2030-01-01"], "end_at"),
+])
+def test_bad_input_is_one_line_naming_the_field_exit_2_and_nothing_written(cli, args, field):
+    proc = cli("jobs", "add", "j", *args, expect=2)
+    assert _error_line(proc).startswith(f"error: {field}"), proc.stderr
+    assert json.loads(cli("jobs", "list", "--json").stdout) == []
+
+
+def test_add_list_show_pause_resume_remove(cli):
+    out = cli("jobs", "add", "nightly", "--type", "ok", "--cron", "0 30 2 * * *", "--tz", "Europe/Berlin",
+              "--max-runtime-minutes", "20", "--description", "a test").stdout
+    assert "nightly" in out
+    listed = json.loads(cli("jobs", "list", "--json").stdout)
+    assert len(listed) == 1 and set(listed[0]) == set(jobs.columns.keys())
+    job = json.loads(cli("jobs", "show", "nightly", "--json").stdout)
+    assert job["status"] == "Active" and job["timezone"] == "Europe/Berlin" and job["max_runtime_minutes"] == 20
+    next_run = dt.datetime.fromisoformat(job["next_run_at"])
+    assert next_run.tzinfo is not None and job["next_run_at"].endswith("Z")
+    assert next_run.astimezone(dt.timezone.utc).minute == 30  # 02:30:00 Berlin is hh:30 UTC
+    cli("jobs", "pause", "nightly")
+    paused = json.loads(cli("jobs", "show", "nightly", "--json").stdout)
+    assert paused["status"] == "Paused" and paused["next_run_at"] is None
+    cli("jobs", "resume", "nightly")
+    assert json.loads(cli("jobs", "show", "nightly", "--json").stdout)["next_run_at"] is not None
+    cli("jobs", "remove", "nightly")
+    assert json.loads(cli("jobs", "list", "--json").stdout) == []
+    assert _error_line(cli("jobs", "show", "nightly", expect=2)) == "error: name: no job named 'nightly'"
+    assert "error: name:" in cli("jobs", "remove", "nightly", expect=2).stderr
+
+
+def test_jobs_run_exit_codes_and_json_runs(cli):
+    cli("jobs", "add", "good", "--type", "ok", "--cron", "0 0 1 1 *")
+    cli("jobs", "add", "bad", "--type", "boom", "--cron", "0 0 1 1 *")
+    before = json.loads(cli("jobs", "show", "good", "--json").stdout)["next_run_at"]
+    run = json.loads(cli("jobs", "run", "good", "--json").stdout)
+    assert run["status"] == "Completed" and run["scheduled_at"] is None
+    assert json.loads(cli("jobs", "show", "good", "--json").stdout)["next_run_at"] == before  # schedule kept
+    proc = cli("jobs", "run", "bad", expect=1)
+    assert "kaboom" in proc.stdout
+    listed = json.loads(cli("runs", "list", "--json").stdout)
+    assert [r["job_name"] for r in listed] == ["bad", "good"]
+    assert set(listed[0]) == set(runs.columns.keys()) | {"job_name"}
+    failed = json.loads(cli("runs", "list", "--status", "Failed", "--job", "bad", "--json").stdout)
+    assert len(failed) == 1 and failed[0]["status"] == "Failed"
+    shown = json.loads(cli("runs", "show", str(failed[0]["id"]), "--json").stdout)
+    assert "kaboom" in shown["error_message"] and "traceback" in shown["details"]
+    assert _error_line(cli("runs", "show", "999", expect=2)).startswith("error: id:")
+    assert _error_line(cli("runs", "list", "--job", "ghost", expect=2)).startswith("error: --job:")
+    assert "Completed" in cli("runs", "list").stdout
+
+
+def test_jobs_run_refuses_a_skip_job_whose_run_is_live(cli, store):
+    job = add_job(store, "busy", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1))
+    now = utcnow()
+    assert store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-7", lease_s=600,
+                       deadline_at=now + dt.timedelta(minutes=10))
+    proc = cli("jobs", "run", "busy", expect=1)
+    assert "already running" in proc.stderr and "otherhost-7" in proc.stderr
+
+
+def test_jobs_sync_creates_updates_and_rejects_bad_files(cli, tmp_path):
+    good = tmp_path / "jobs.toml"
+    good.write_text('[[jobs]]\nname = "a"\njob_type = "ok"\ncron_expression = "*/5 * * * *"\n'
+                    '[jobs.configuration]\nseconds = 1.0\n\n'
+                    '[[jobs]]\nname = "b"\njob_type = "fail"\ncron_expression = "0 * * * *"\nstatus = "Paused"\n')
+    assert "2 job(s) created, 0 updated" in cli("jobs", "sync", str(good)).stdout
+    assert "0 job(s) created, 0 updated" in cli("jobs", "sync", str(good)).stdout  # idempotent
+    cli("jobs", "pause", "a")
+    good.write_text(good.read_text().replace("*/5 * * * *", "*/7 * * * *"))
+    assert "0 job(s) created, 1 updated" in cli("jobs", "sync", str(good)).stdout
+    a = json.loads(cli("jobs", "show", "a", "--json").stdout)
+    assert a["cron_expression"] == "*/7 * * * *" and a["status"] == "Paused"  # status kept: not in the file
+    assert json.loads(a["configuration"]) == {"seconds": 1.0}
+    bad = tmp_path / "bad.toml"
+    for text, field in [('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "nope"\n', "jobs[0].cron_expression"),
+                        ('[[jobs]]\nname = "c"\njob_type = "ok"\ncron = "* * * * *"\n', "jobs[0]"),
+                        ('[[jobs]]\nname = "c"\njob_type = "ghost"\ncron_expression = "* * * * *"\n', "jobs[0].job_type"),
+                        ('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "* * * * *"\n'
+                         '[jobs.configuration]\nseconds = "slow"\n', "jobs[0].configuration.seconds"),
+                        ("not toml [", "bad.toml")]:
+        bad.write_text(text)
+        line = _error_line(cli("jobs", "sync", str(bad), expect=2))
+        assert field in line, line
+    assert sorted(j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)) == ["a", "b"]
+
+
+def test_plugins_list_reports_types_and_failures(cli):
+    report = json.loads(cli("plugins", "list", "--json").stdout)
+    assert {"ok", "hang", "segv"} <= {p["job_type"] for p in report["plugins"]}
+    assert report["failures"][0]["module"] == "broken_import.py"
+    assert "ImportError" in report["failures"][0]["error"]
+    text = cli("plugins", "list").stdout
+    assert "FAILED broken_import.py" in text
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "mjsched"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "serve" in proc.stdout

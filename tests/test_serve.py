@@ -1,0 +1,134 @@
+"""``python -m mjsched_isolated serve`` as a real process: signals, drain, cancel, supervisor death.
+
+The tests read the server's log through its stderr pipe and wait for lines, with a bound; no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FIXTURE_PLUGINS, add_job, wait_gone
+
+
+class Serve:
+    """A ``serve`` subprocess whose log lines are collected by a reader thread."""
+
+    def __init__(self, db_url: str, *args: str, cwd: Path | None = None, plugins: str = FIXTURE_PLUGINS) -> None:
+        cmd = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins", plugins, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout_s: float = 20.0) -> re.Match:
+        regex = re.compile(pattern)
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout_s)
+            except queue.Empty:
+                pytest.fail(f"no log line matching {pattern!r} within {timeout_s} s; log so far:\n{''.join(self.log)}")
+            self.log.append(line)
+            match = regex.search(line)
+            if match:
+                return match
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def serve(db_url):
+    made: list[Serve] = []
+
+    def start(*args: str, **kw) -> Serve:
+        s = Serve(db_url, *args, **kw)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()
+
+
+def test_sigterm_drains_the_running_job_then_exits_0(store, serve):
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 1.0}))
+    s = serve()
+    run_id = int(s.wait_for(r"run (\d+) started: job slow").group(1))
+    s.proc.send_signal(signal.SIGTERM)
+    s.wait_for(r"shutting down")
+    assert s.proc.wait(20) == 0
+    assert store.get_run(run_id)["status"] == "Completed"
+
+
+def test_shutdown_timeout_cancels_what_is_left(store, serve, tmp_path):
+    add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
+    s = serve("--shutdown-timeout-s", "0.5")
+    run_id = int(s.wait_for(r"run (\d+) started: job stuck").group(1))
+    s.proc.send_signal(signal.SIGTERM)
+    s.wait_for(r"run \d+ finished: job stuck Cancelled")
+    assert s.proc.wait(20) == 0
+    run = store.get_run(run_id)
+    assert run["status"] == "Cancelled" and run["error_message"] == "interrupted by shutdown"
+    job = store.get_job("stuck")
+    assert job["lock_token"] is None and job["run_count"] == 0
+    grandchildren = [int(p.read_text()) for p in tmp_path.glob("*.grandchild")]
+    assert wait_gone(grandchildren) == []
+
+
+def test_second_signal_kills_at_once(store, serve, tmp_path):
+    add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
+    s = serve("--shutdown-timeout-s", "300")
+    run_id = int(s.wait_for(r"run (\d+) started: job stuck").group(1))
+    s.proc.send_signal(signal.SIGTERM)
+    s.wait_for(r"shutting down")
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(20) == 0
+    assert store.get_run(run_id)["status"] == "Cancelled"
+
+
+def test_run_for_stops_by_itself(store, serve):
+    add_job(store, "tick", "ok", "* * * * * *")
+    s = serve("--run-for", "1.5")
+    assert s.proc.wait(30) == 0
+    assert store.get_job("tick")["success_count"] >= 1
+
+
+def test_killed_supervisor_takes_its_children_and_grandchildren_down(store, serve, tmp_path):
+    add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
+    s = serve("--max-concurrent-jobs", "2")
+    grandchild = int(s.wait_for(r"hang: run \d+ grandchild (\d+)").group(1))
+    workers = [p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)]
+    assert len(workers) >= 3 and grandchild in workers  # 2 workers + the plugin's grandchild
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.wait(10)
+    assert wait_gone(workers, timeout_s=5) == []
+
+
+def test_fresh_serve_runs_the_sample_jobs(tmp_path):
+    """The README's promise: in a fresh directory with the shipped plugins, `serve` syncs jobs.toml and
+    runs the sample jobs (the backup and shell ones need nothing from the network)."""
+    plugins = Path(__file__).resolve().parent.parent / "plugins"
+    proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--plugins", str(plugins),
+                           "--run-for", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")})
+    assert proc.returncode == 0, proc.stderr
+    for job in ("backup-scheduler-db", "prune-old-backups", "disk-usage"):
+        assert re.search(rf"run \d+ finished: job {job} Completed in \d+ ms", proc.stderr), proc.stderr
+    assert list((tmp_path / "backups").glob("mjsched-*.db"))
