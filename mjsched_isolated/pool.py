@@ -97,11 +97,12 @@ class Pool:
         return worker
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Ask idle children to stop, kill the rest, and reap them all (bounded by ``timeout_s``)."""
+        """Ask idle children to stop, kill the rest (busy, or not ready yet), and reap them all
+        (bounded by ``timeout_s``)."""
         self.refill = False
         live = [w for w in self.workers.values() if w is not None]
         for worker in live:
-            if worker.run is None:
+            if worker.idle:
                 try:
                     protocol.send(worker.conn, protocol.Stop())
                 except OSError:

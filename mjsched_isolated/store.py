@@ -69,8 +69,12 @@ class Store:
         try:
             with self.engine.begin() as conn:
                 return conn.execute(jobs.insert().values(**row)).inserted_primary_key[0]
-        except sa.exc.IntegrityError:
-            raise InputError("name", f"a job named {values['name']!r} already exists") from None
+        except sa.exc.IntegrityError as exc:
+            with self.engine.connect() as conn:
+                taken = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == values.get("name"))).first()
+            if taken:
+                raise InputError("name", f"a job named {values['name']!r} already exists") from None
+            raise InputError("job", f"rejected by the database: {exc.orig}") from None
 
     def update_job(self, name: str, values: Row, now: dt.datetime) -> None:
         """Update the given (non-lease) columns of job ``name``. Raises :class:`NotFoundError`."""
