@@ -113,11 +113,6 @@ class Store:
             return [dict(r) for r in conn.execute(sa.select(jobs).order_by(jobs.c.name)).mappings()]
 
     # -- jobs: what the poll loop reads ------------------------------------------------------------
-    @staticmethod
-    def _effective_due():
-        """``max(next_run_at, start_at)``: a job is never due before its start_at."""
-        return sa.case((jobs.c.start_at > jobs.c.next_run_at, jobs.c.start_at), else_=jobs.c.next_run_at)
-
     def _dispatchable(self, exclude: set[int]):
         """Active, scheduled, not excluded, and not a Queue job whose live lease makes it wait."""
         queue_waiting = sa.and_(jobs.c.concurrency_mode == "Queue", sa.not_(self._lease_free()))
@@ -127,17 +122,19 @@ class Store:
         return conds
 
     def due_jobs(self, now: dt.datetime, limit: int, exclude: set[int] = frozenset()) -> list[Row]:
-        """Jobs due at ``now`` (``max(next_run_at, start_at) <= now``), earliest first. A Queue job
-        whose lease is live is not due yet: its occurrence waits (at most one) until the lease ends."""
-        query = (sa.select(jobs).where(*self._dispatchable(exclude), self._effective_due() <= now)
+        """Jobs with ``next_run_at <= now``, earliest first (an index range on ``(status, next_run_at)``).
+        A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
+        ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
+        query = (sa.select(jobs).where(*self._dispatchable(exclude), jobs.c.next_run_at <= now)
                  .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
     def next_due_at(self, exclude: set[int] = frozenset()) -> dt.datetime | None:
-        """The earliest time any job becomes due by the rules of :meth:`due_jobs` (None if none)."""
-        query = sa.select(sa.type_coerce(sa.func.min(self._effective_due()), schema.UTCDateTime)).where(
-            *self._dispatchable(exclude))
+        """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
+        of an ordered index walk, not a scan."""
+        query = (sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude))
+                 .order_by(jobs.c.next_run_at).limit(1))
         with self.engine.connect() as conn:
             return conn.execute(query).scalar()
 

@@ -90,12 +90,13 @@ class Supervisor:
                     self.cancel_all(now, "interrupted by shutdown (second signal)")
                 if self._signals or (stop_at is not None and now >= stop_at):
                     self.begin_shutdown(now)
-                timeout_s = self.step(now)
+                wake = self.step(now)
                 if self.done:
                     break
                 if stop_at is not None and self.accepting:
-                    timeout_s = min(timeout_s, max(0.0, (stop_at - now).total_seconds()))
-                events, woken = self.pool.wait(timeout_s, [rsock])
+                    wake = min(wake, stop_at)
+                # measured after step(): the time step() itself took must not delay the wake-up
+                events, woken = self.pool.wait(max(0.0, (wake - utcnow()).total_seconds()), [rsock])
                 if woken:
                     _drain_socket(rsock)
                 self.on_events(events, utcnow())
@@ -113,8 +114,9 @@ class Supervisor:
         self._signals += 1  # only a flag: the loop acts on it (logging is not signal-safe)
 
     # -- one step of decisions at a given time --------------------------------------------------------
-    def step(self, now: dt.datetime) -> float:
-        """Enforce deadlines, sweep, dispatch; return the seconds the loop may sleep."""
+    def step(self, now: dt.datetime) -> dt.datetime:
+        """Enforce deadlines, sweep, dispatch; return when the loop must wake at the latest (the next
+        due time, sweep, run deadline or rescan, whichever is first)."""
         self.enforce_deadlines(now)
         if not self.accepting:
             return self._drain_step(now)
@@ -130,7 +132,7 @@ class Supervisor:
         for when in (next_due, self.next_sweep_at, *(f.deadline for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
-        return max(0.001, (wake - now).total_seconds())
+        return max(wake, now + dt.timedelta(milliseconds=1))
 
     def sweep(self, now: dt.datetime) -> None:
         """Fail runs whose supervisor is gone, and give unscheduled Active jobs a next_run_at."""
@@ -172,6 +174,8 @@ class Supervisor:
                             job["name"], _iso(job["end_at"]), _iso(seen))
             return False
         try:
+            if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
+                return self._reschedule(job, planner.initial_next_run_at(job, now), now)
             next_run_at = planner.next_after_claim(job, now)
         except CronError as exc:
             self._mark_bad(job, str(exc))
@@ -187,6 +191,12 @@ class Supervisor:
                 job["id"], seen, next_run_at, now, skipped=True):
             log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
                         job["name"], _iso(seen))
+        return False
+
+    def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
+        if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):
+            log.info("job %s: not before start_at %s; next_run_at moved to %s", job["name"], _iso(job["start_at"]),
+                     _iso(next_run_at))
         return False
 
     def _claim(self, job: dict, now: dt.datetime, next_run_at: dt.datetime | None, worker: Worker,
@@ -316,16 +326,13 @@ class Supervisor:
         log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
                  self.settings.shutdown_timeout_s, len(self.inflight))
 
-    def _drain_step(self, now: dt.datetime) -> float:
+    def _drain_step(self, now: dt.datetime) -> dt.datetime:
+        if self.inflight and (self.drain_deadline is None or now >= self.drain_deadline):
+            self.cancel_all(now, "interrupted by shutdown")
         if not self.inflight:
             self.done = True
-            return 0.0
-        if self.drain_deadline is None or now >= self.drain_deadline:
-            self.cancel_all(now, "interrupted by shutdown")
-            self.done = True
-            return 0.0
-        wake = min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
-        return max(0.0, (wake - now).total_seconds())
+            return now
+        return min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
 
     def cancel_all(self, now: dt.datetime, reason: str) -> None:
         """Kill every in-flight run's process tree and record it Cancelled (lease released)."""

@@ -91,7 +91,8 @@ class Driver:
             left = give_up - time.monotonic()
             if left <= 0:
                 pytest.fail(f"condition not met within {timeout_s} s")
-            wait_s = min(self.supervisor.step(utcnow()), left)
+            wake = self.supervisor.step(utcnow())
+            wait_s = min(max(0.0, (wake - utcnow()).total_seconds()), left)
             self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
             events, _ = self.pool.wait(wait_s)
             self.supervisor.on_events(events, utcnow())
