@@ -209,3 +209,13 @@ def test_plugin_hanging_at_import_does_not_block_the_supervisor(store, db_url, t
     finally:
         d.close()
     assert Path(plugins / "stuck.py").exists()
+
+
+def test_row_edited_to_run_before_its_start_at_is_rescheduled_not_run(store, driver_factory):
+    d = driver_factory()
+    now = utcnow()
+    start = now + dt.timedelta(days=1)
+    add_job(store, "early", "ok", "*/15 * * * *", next_run_at=now, start_at=start)  # a hand-edited row
+    add_job(store, "marker", "ok", "0 0 1 1 *")
+    d.until(lambda: store.get_job("early")["next_run_at"] >= start and _finished(store, "marker")())
+    assert _runs(store, "early") == []
