@@ -111,10 +111,10 @@ class Bench:
             if left <= 0:
                 raise BenchError(f"cap {self.cap}: {what} not done within {timeout_s:.0f} s "
                                  f"({self.finished} runs finished, {len(sup.inflight)} in flight)")
-            wake = sup.step(utcnow())
-            wait_s = min(max(0.0, (wake - utcnow()).total_seconds()), left)
+            wake = sup.step(*sup.read_clock())
+            wait_s = min(max(0.0, (wake - sup.read_clock()[0]).total_seconds()), left)
             events, _ = pool.wait(wait_s)
-            sup.on_events(events, utcnow())
+            sup.on_events(events, sup.read_clock()[0])
             for event in events:
                 if isinstance(event.message, protocol.RunFinished) or (event.died and event.run is not None):
                     self.finished += 1

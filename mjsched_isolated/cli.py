@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-concurrent-jobs", type=int, default=5)
     serve.add_argument("--lease-timeout-s", type=float, default=600.0)
     serve.add_argument("--shutdown-timeout-s", type=float, default=30.0)
+    serve.add_argument("--lease-ttl-s", type=float, default=30.0,
+                       help="liveness lease of this supervisor; a dead one is recovered within TTL + rescan")
+    serve.add_argument("--lease-renew-interval-s", type=float, default=10.0)
+    serve.add_argument("--rescan-interval-s", type=float, default=1.0,
+                       help="longest sleep before looking for job changes and dead supervisors")
+    serve.add_argument("--clock-skew-s", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -156,7 +162,9 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args),
                         max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
-                        shutdown_timeout_s=args.shutdown_timeout_s)
+                        shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
+                        lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
+                        clock_skew_s=args.clock_skew_s)
     if args.run_for is not None and args.run_for < 0:
         raise InputError("--run-for", "must be zero or more seconds")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
@@ -255,6 +263,10 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         raise InputError("job_type", str(exc).split(": ", 1)[-1]) from None
     finally:
         pool.close()
+    if run_id is None and job["concurrency_mode"] == "Queue":
+        store.queue_now(job["id"], utcnow())
+        print(f"job {args.name!r} is running; queued: its next run starts as soon as the live one ends")
+        return EXIT_OK
     if run_id is None:
         current = store.get_job(args.name)
         print(f"error: job {args.name!r} is already running (lease held by {current['locked_by_instance']} until "

@@ -21,8 +21,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``lease_timeout_s``: default run deadline and lease length (reference ``defaultLockTimeout``, 600 s);
     a job's ``max_runtime_minutes`` only lengthens it. ``heartbeat_interval_s`` / ``heartbeat_lease_s``:
     at most one effective extension per interval, to now + lease (reference: 5 min / 6 min).
-    ``rescan_interval_s``: longest sleep before re-reading the jobs table for changes made by others;
-    due times themselves wake the loop exactly. ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT.
+    ``rescan_interval_s``: longest sleep before re-reading the jobs table for changes made by others and
+    sweeping runs of dead supervisors; due times themselves wake the loop exactly.
+    ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT. ``lease_ttl_s`` / ``lease_renew_interval_s``:
+    the supervisor's liveness lease (see :mod:`liveness`); a dead supervisor's runs are recovered within
+    ``lease_ttl_s + rescan_interval_s``. ``clock_skew_s``: added to the local clock reading; for tests
+    that simulate a machine whose clock is wrong.
     """
 
     database_url: str
@@ -34,16 +38,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     heartbeat_interval_s: float = 300.0
     heartbeat_lease_s: float = 360.0
     worker_ready_timeout_s: float = 30.0
-    sweep_interval_s: float = 10.0
+    lease_ttl_s: float = 30.0
+    lease_renew_interval_s: float = 10.0
+    clock_skew_s: float = 0.0
     instance: str = msgspec.field(default_factory=default_instance)
 
     def __post_init__(self) -> None:
         if self.max_concurrent_jobs < 1:
             raise InputError("max_concurrent_jobs", f"must be a positive integer, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",
-                     "sweep_interval_s"):
+                     "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")
+        if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
+            raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
+                             f"got {self.lease_renew_interval_s}")

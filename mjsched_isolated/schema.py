@@ -1,5 +1,8 @@
 """Tables, indexes, engine creation and the database clock. The only module with dialect branches.
 
+Tables: ``jobs`` and ``runs`` (the reference's), and ``supervisors``: one row per supervisor process whose
+``lease_expires_at`` it renews; a job lease or a run is live only while its supervisor's row is.
+
 The data model is the reference engine's (reference-engine-spec.md §1.2, §1.3) in snake_case. Timestamps
 are stored as naive UTC (``DATETIME(6)`` on MySQL) and read back as aware UTC. The database clock is
 used for every lease decision (acquire, extend, expiry), never the supervisor's.
@@ -110,6 +113,20 @@ runs = sa.Table(
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),
+    # at most one run per occurrence, whatever the number of supervisors (manual runs have no scheduled_at)
+    sa.UniqueConstraint("job_id", "scheduled_at", name="uq_runs_job_id_scheduled_at"),
+)
+
+supervisors = sa.Table(
+    "supervisors", metadata,
+    sa.Column("instance", sa.String(255), primary_key=True),
+    sa.Column("hostname", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("heartbeat_at", UTCDateTime, nullable=False),
+    # the liveness lease: every lease and run this supervisor holds is live only while this is in the future
+    sa.Column("lease_expires_at", UTCDateTime, nullable=False),
+    sa.Column("stopped_at", UTCDateTime),
 )
 
 

@@ -5,7 +5,11 @@ judged by its row count**, never read-then-write, and expiry is judged by the **
 
 * :meth:`Store.claim` - take the lease if free or expired *and* move ``next_run_at`` past the occurrence
   (compare-and-set on the ``next_run_at`` that was read), then insert the Running run row, in one
-  transaction. Each occurrence is claimed at most once.
+  transaction. Each occurrence is claimed at most once (a unique index on ``runs(job_id, scheduled_at)``
+  backs this up).
+* A job lease is live while its token is set, its ``expected_completion_at`` (the run's deadline plus a
+  grace) has not passed, **and** its holder's row in ``supervisors`` has not expired. Supervisors renew
+  that one row (:meth:`Store.renew_supervisor`): one statement keeps all their leases and runs alive.
 * :meth:`Store.release` / :meth:`Store.extend` - only if the token matches.
 * :meth:`Store.finish_run` - terminal run row, then statistics (which never touch lease columns), then a
   token-checked release, in one transaction.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -26,9 +31,10 @@ from sqlalchemy.engine import Engine
 
 from . import schema
 from .errors import InputError, NotFoundError
-from .schema import jobs, runs
+from .schema import jobs, runs, supervisors
 
 Row = dict[str, Any]
+log = logging.getLogger("mjsched.store")
 
 
 class Claim(msgspec.Struct, frozen=True):
@@ -69,7 +75,9 @@ class Store:
         try:
             with self.engine.begin() as conn:
                 return conn.execute(jobs.insert().values(**row)).inserted_primary_key[0]
-        except sa.exc.IntegrityError as exc:
+        except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
+            if not _is_constraint_violation(exc):
+                raise
             with self.engine.connect() as conn:
                 taken = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == values.get("name"))).first()
             if taken:
@@ -162,9 +170,16 @@ class Store:
             return conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
 
     # -- the lease ---------------------------------------------------------------------------------
+    def _holder_alive(self, instance_column):
+        """EXISTS a supervisors row for ``instance_column`` whose liveness lease has not expired (DB clock)."""
+        holder = supervisors.alias("holder")
+        return sa.exists().where(holder.c.instance == instance_column,
+                                 holder.c.lease_expires_at > schema.db_now(self.dialect))
+
     def _lease_free(self):
         return sa.or_(jobs.c.lock_token.is_(None), jobs.c.expected_completion_at.is_(None),
-                      jobs.c.expected_completion_at < schema.db_now(self.dialect))
+                      jobs.c.expected_completion_at < schema.db_now(self.dialect),
+                      sa.not_(self._holder_alive(jobs.c.locked_by_instance)))
 
     def claim(self, job: Row, *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -187,14 +202,19 @@ class Store:
             conds.append(self._lease_free())
             values.update(lock_token=token, locked_at=schema.db_now(self.dialect), locked_by_instance=instance,
                           expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
-        with self.engine.begin() as conn:
-            if conn.execute(jobs.update().where(*conds).values(**values)).rowcount != 1:
-                conn.rollback()
-                return None
-            run_id = conn.execute(runs.insert().values(
-                job_id=job["id"], scheduled_at=scheduled_at, started_at=now, status="Running",
-                executed_by_instance=instance, lock_token=token, deadline_at=deadline_at, queued_at=queued_at,
-            )).inserted_primary_key[0]
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(jobs.update().where(*conds).values(**values)).rowcount != 1:
+                    conn.rollback()
+                    return None
+                run_id = conn.execute(runs.insert().values(
+                    job_id=job["id"], scheduled_at=scheduled_at, started_at=now, status="Running",
+                    executed_by_instance=instance, lock_token=token, deadline_at=deadline_at, queued_at=queued_at,
+                )).inserted_primary_key[0]
+        except sa.exc.IntegrityError:  # the unique index caught a second run of one occurrence
+            log.warning("job %s: occurrence %s already has a run; claim refused by the unique index",
+                        job["name"], seen)
+            return None
         return Claim(run_id=run_id, lock_token=token)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
@@ -244,22 +264,21 @@ class Store:
             return [dict(r) for r in conn.execute(query).mappings()]
 
     def abandon_orphaned_runs(self, now: dt.datetime, exclude_run_ids: set[int] = frozenset()) -> list[Row]:
-        """Mark Failed every Running run whose supervisor is gone: its lease was lost or expired by the DB
-        clock (runs without a lease: their ``deadline_at`` passed). Frees those leases and counts each
-        as a failure. ``exclude_run_ids``: runs the caller itself still supervises. Returns the runs."""
-        lease_lost = sa.or_(
-            jobs.c.lock_token.is_(None), jobs.c.lock_token != runs.c.lock_token,
-            jobs.c.expected_completion_at < schema.db_now(self.dialect))
-        orphaned = sa.or_(sa.and_(runs.c.lock_token.is_not(None), lease_lost),
-                          sa.and_(runs.c.lock_token.is_(None), runs.c.deadline_at < now))
-        orphan_q = sa.select(runs).join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == "Running", orphaned)
+        """Mark Failed every Running run whose supervisor is gone (its ``supervisors`` row expired by the DB
+        clock, or missing), count it as a failure and free its job lease (token-checked).
+        ``exclude_run_ids``: runs the caller itself supervises. Returns the abandoned runs."""
+        orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"))
+                    .outerjoin(supervisors, supervisors.c.instance == runs.c.executed_by_instance)
+                    .where(runs.c.status == "Running", sa.not_(self._holder_alive(runs.c.executed_by_instance))))
         if exclude_run_ids:
             orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
         abandoned = []
         with self.engine.begin() as conn:
             for run in conn.execute(orphan_q).mappings().all():
-                message = (f"abandoned: supervisor {run['executed_by_instance']} stopped supervising the run "
-                           f"(started {run['started_at'].isoformat()}) before it finished; its lease expired")
+                expired = run["holder_expired_at"]
+                message = (f"abandoned: supervisor {run['executed_by_instance']} stopped renewing its lease "
+                           f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
+                           f"the run (started {run['started_at'].isoformat()}) was in flight")
                 if conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == "Running").values(
                         status="Failed", success=False, completed_at=now, error_message=message)).rowcount:
                     duration_ms = max(0.0, (now - run["started_at"]).total_seconds() * 1000)
@@ -268,6 +287,58 @@ class Store:
                         conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
                     abandoned.append({**run, "error_message": message})
         return abandoned
+
+    # -- supervisors (liveness leases) ---------------------------------------------------------------
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:
+        """Insert (or reset) ``instance``'s row with a lease of ``ttl_s``. Returns the DB time."""
+        now_expr, until = schema.db_now(self.dialect), schema.db_now_plus(self.dialect, ttl_s)
+        with self.engine.begin() as conn:
+            conn.execute(supervisors.delete().where(supervisors.c.instance == instance))
+            conn.execute(supervisors.insert().values(instance=instance, hostname=hostname, pid=pid, started_at=now_expr,
+                                                     heartbeat_at=now_expr, lease_expires_at=until))
+            return conn.execute(sa.select(supervisors.c.heartbeat_at).where(
+                supervisors.c.instance == instance)).scalar_one()
+
+    def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
+        """Extend ``instance``'s liveness lease to DB-now + ``ttl_s``: one statement keeps every lease and run
+        of that supervisor alive. Returns the DB time, or None if the row is gone or was stopped."""
+        stmt = supervisors.update().where(supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None)).values(
+            heartbeat_at=schema.db_now(self.dialect), lease_expires_at=schema.db_now_plus(self.dialect, ttl_s))
+        with self.engine.begin() as conn:
+            if conn.execute(stmt).rowcount != 1:
+                return None
+            return conn.execute(sa.select(supervisors.c.heartbeat_at).where(
+                supervisors.c.instance == instance)).scalar_one()
+
+    def stop_supervisor(self, instance: str) -> None:
+        """A clean stop: the lease ends now, so nobody waits for it."""
+        now_expr = schema.db_now(self.dialect)
+        with self.engine.begin() as conn:
+            conn.execute(supervisors.update().where(supervisors.c.instance == instance).values(
+                stopped_at=now_expr, lease_expires_at=now_expr))
+
+    def held_runs(self, run_ids: set[int]) -> set[int]:
+        """Of ``run_ids``, those still Running whose job lease (if they had one) still carries their token."""
+        if not run_ids:
+            return set()
+        query = (sa.select(runs.c.id).outerjoin(jobs, sa.and_(jobs.c.id == runs.c.job_id,
+                                                               jobs.c.lock_token == runs.c.lock_token))
+                 .where(runs.c.id.in_(sorted(run_ids)), runs.c.status == "Running",
+                        sa.or_(runs.c.lock_token.is_(None), jobs.c.id.is_not(None))))
+        with self.engine.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def list_supervisors(self) -> list[Row]:
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.select(supervisors).order_by(supervisors.c.heartbeat_at.desc()))
+                    .mappings()]
+
+    def queue_now(self, job_id: int, now: dt.datetime) -> bool:
+        """Queue mode's manual run: make the job's pending occurrence due now (if it is not already due)."""
+        stmt = jobs.update().where(jobs.c.id == job_id, sa.or_(jobs.c.next_run_at.is_(None), jobs.c.next_run_at > now)
+                                   ).values(next_run_at=now, updated_at=now)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
 
     def get_run(self, run_id: int) -> Row:
         query = sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id).where(
@@ -289,6 +360,14 @@ class Store:
         query = query.order_by(runs.c.id.desc()).limit(limit)
         with self.engine.connect() as conn:
             return [_decode_details(dict(r)) for r in conn.execute(query).mappings()]
+
+
+def _is_constraint_violation(exc: sa.exc.DBAPIError) -> bool:
+    """IntegrityError, or MySQL/MariaDB's CHECK violation, which PyMySQL reports as OperationalError."""
+    if isinstance(exc, sa.exc.IntegrityError):
+        return True
+    code = exc.orig.args[0] if getattr(exc.orig, "args", None) else None
+    return code in (3819, 4025)  # ER_CHECK_CONSTRAINT_VIOLATED (MySQL), ER_CONSTRAINT_FAILED (MariaDB)
 
 
 def _release_stmt(job_id: int, token: str):

@@ -18,11 +18,13 @@ import datetime as dt
 import logging
 import signal
 import socket
+import time
 from typing import Any
 
 from . import planner, protocol
 from .config import Settings
 from .errors import CronError
+from .liveness import Liveness
 from .pool import ChildEvent, Pool, Worker
 from .store import Store
 
@@ -63,12 +65,24 @@ class Supervisor:
         self.drain_deadline: dt.datetime | None = None
         self.done = False
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
-        self.next_sweep_at: dt.datetime | None = None
+        self.next_rescan_at: dt.datetime | None = None
+        self.pending: list[tuple[InFlight, dict]] = []  # results not yet recorded (database unreachable)
+        self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
+                                 self.local_now)
         self._logged_failures: set[tuple[str, str]] = set()
         self._logged_types: tuple[str, ...] | None = None
         self._signals = 0
 
-    # -- the outer loop: the only place that reads clocks -------------------------------------------
+    # -- clocks: read only by the outer loops (serve, run_now) and passed into everything else -------
+    def local_now(self) -> dt.datetime:
+        """This machine's wall clock (plus ``clock_skew_s``, which only tests set)."""
+        return utcnow() + dt.timedelta(seconds=self.settings.clock_skew_s)
+
+    def read_clock(self) -> tuple[dt.datetime, float]:
+        """(now in database time, monotonic seconds): what :meth:`step` takes."""
+        return self.local_now() + self.liveness.db_offset, time.monotonic()
+
+    # -- the outer loop ------------------------------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
         """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0."""
         rsock, wsock = socket.socketpair()
@@ -77,29 +91,28 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
-            now = utcnow()
-            stop_at = now + dt.timedelta(seconds=run_for_s) if run_for_s is not None else None
+            stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
             self.pool.start()
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
                      self.store.engine.url.render_as_string(hide_password=True))
             while not self.done:
-                now = utcnow()
+                now, mono = self.read_clock()
                 if self._signals >= 2 and self.inflight:
                     log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
                     self.cancel_all(now, "interrupted by shutdown (second signal)")
-                if self._signals or (stop_at is not None and now >= stop_at):
+                if self._signals or (stop_at is not None and mono >= stop_at):
                     self.begin_shutdown(now)
-                wake = self.step(now)
+                wake = self.step(now, mono)
                 if self.done:
                     break
+                timeout_s = (wake - self.read_clock()[0]).total_seconds()  # step() time must not delay the wake
                 if stop_at is not None and self.accepting:
-                    wake = min(wake, stop_at)
-                # measured after step(): the time step() itself took must not delay the wake-up
-                events, woken = self.pool.wait(max(0.0, (wake - utcnow()).total_seconds()), [rsock])
+                    timeout_s = min(timeout_s, stop_at - time.monotonic())
+                events, woken = self.pool.wait(max(0.0, timeout_s), [rsock])
                 if woken:
                     _drain_socket(rsock)
-                self.on_events(events, utcnow())
+                self.on_events(events, self.read_clock()[0])
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
@@ -107,6 +120,7 @@ class Supervisor:
             rsock.close()
             wsock.close()
             self.pool.close()
+            self.liveness.stop()
         log.info("supervisor %s stopped", self.settings.instance)
         return 0
 
@@ -114,29 +128,65 @@ class Supervisor:
         self._signals += 1  # only a flag: the loop acts on it (logging is not signal-safe)
 
     # -- one step of decisions at a given time --------------------------------------------------------
-    def step(self, now: dt.datetime) -> dt.datetime:
-        """Enforce deadlines, sweep, dispatch; return when the loop must wake at the latest (the next
-        due time, sweep, run deadline or rescan, whichever is first)."""
+    def step(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """Keep the liveness lease, record late results, enforce deadlines, rescan, dispatch. Returns when
+        the loop must wake at the latest (next due time, deadline, renewal or rescan, whichever is first).
+        ``now`` is database time; ``mono`` the monotonic clock (for the lease's local validity)."""
+        offset = self.liveness.db_offset
+        self.keep_lease(now, mono)
+        now += self.liveness.db_offset - offset  # a renewal re-measured the database clock
+        self.retry_pending(now)
         self.enforce_deadlines(now)
         if not self.accepting:
             return self._drain_step(now)
-        try:
-            if self.next_sweep_at is None or now >= self.next_sweep_at:
-                self.sweep(now)
-            self.dispatch_due(now)
-            next_due = self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
-        except Exception:  # noqa: BLE001 - a database outage must not kill the supervisor
-            log.exception("poll failed; retrying in %.1f s", self.settings.rescan_interval_s)
-            next_due = None
+        next_due = None
+        if self.liveness.valid(mono):
+            try:
+                if self.next_rescan_at is None or now >= self.next_rescan_at:
+                    self.rescan(now)
+                self.dispatch_due(now)
+                next_due = self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+            except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
+                log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
+                self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        return self._wake(now, mono, next_due, self.next_rescan_at)
+
+    def _wake(self, now: dt.datetime, mono: float, *candidates: dt.datetime | None) -> dt.datetime:
         wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
-        for when in (next_due, self.next_sweep_at, *(f.deadline for f in self.inflight.values())):
+        renew_at = now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono))
+        retry_at = now + dt.timedelta(seconds=1) if self.pending else None
+        for when in (*candidates, renew_at, retry_at, *(f.deadline for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))
 
-    def sweep(self, now: dt.datetime) -> None:
-        """Fail runs whose supervisor is gone, and give unscheduled Active jobs a next_run_at."""
-        self.next_sweep_at = now + dt.timedelta(seconds=self.settings.sweep_interval_s)
+    def keep_lease(self, now: dt.datetime, mono: float) -> None:
+        """Renew the liveness lease when due; fence (kill and fail) runs whose lease is lost, and every run
+        once the lease can no longer be trusted locally."""
+        if self.liveness.maintain(mono) and self.inflight:
+            try:
+                held = self.store.held_runs(set(self.inflight))
+            except Exception:  # noqa: BLE001 - checked again at the next renewal
+                held = set(self.inflight)
+            for run_id in set(self.inflight) - held:
+                self.fence(self.inflight[run_id], now, "its lease was taken over or the run was abandoned")
+        if self.inflight and not self.liveness.valid(mono):
+            for flight in list(self.inflight.values()):
+                self.fence(flight, now, f"this supervisor could not renew its lease for "
+                                        f"{self.settings.lease_ttl_s * 0.8:g} s (database unreachable?)")
+
+    def fence(self, flight: InFlight, now: dt.datetime, why: str) -> None:
+        """Kill a run this supervisor may no longer hold, before anyone else may legally take the job.
+        Its outcome is recorded only if the run row is still Running (never over another's verdict)."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why)
+        self.record(flight, now, status="Failed", success=False, error_message=f"fenced: run killed because {why}")
+
+    def rescan(self, now: dt.datetime) -> None:
+        """Fail runs of dead supervisors, and give unscheduled Active jobs a next_run_at (e.g. a job activated
+        while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
+        self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         for run in self.store.abandon_orphaned_runs(now, exclude_run_ids=set(self.inflight)):
             log.error("run %d of job %d marked Failed: %s", run["id"], run["job_id"], run["error_message"])
@@ -205,7 +255,9 @@ class Supervisor:
         timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
         deadline = now + dt.timedelta(seconds=timeout_s)
         claim = self.store.claim(
-            job, now=now, next_run_at=next_run_at, instance=self.settings.instance, lease_s=timeout_s,
+            # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
+            job, now=now, next_run_at=next_run_at, instance=self.settings.instance,
+            lease_s=timeout_s + self.settings.lease_ttl_s,
             deadline_at=deadline, take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
             queued_at=planner.queued_at(job, scheduled_at),
             status="Expired" if next_run_at is None and scheduled_at is not None else None)
@@ -234,29 +286,37 @@ class Supervisor:
         an outer loop, like :meth:`serve`. Returns the run id.
         """
         self.pool.start()
-        give_up = utcnow() + dt.timedelta(seconds=ready_timeout_s)
+        try:
+            return self._run_now(job, ready_timeout_s)
+        finally:
+            self.liveness.stop()
+
+    def _run_now(self, job: dict, ready_timeout_s: float) -> int | None:
+        give_up = time.monotonic() + ready_timeout_s
         while not self.pool.idle_workers():
-            if utcnow() >= give_up:
+            if time.monotonic() >= give_up:
                 raise TimeoutError(f"no worker became ready within {ready_timeout_s:.0f} s")
-            events, _ = self.pool.wait((give_up - utcnow()).total_seconds())
-            self.on_events(events, utcnow())
-        worker = self.pool.idle_workers()[0]
+            events, _ = self.pool.wait(give_up - time.monotonic())
+            self.on_events(events, self.read_clock()[0])
         known = {p.job_type for p in self.pool.last_ready.plugins} if self.pool.last_ready else set()
         if job["job_type"] not in known:
             raise LookupError(f"job_type {job['job_type']!r} is not available (see `plugins list`)")
-        now = utcnow()
-        flight = self._claim(job, now, job["next_run_at"], worker, scheduled_at=None)
+        now, mono = self.read_clock()
+        self.keep_lease(now, mono)
+        if not self.liveness.valid(mono):
+            raise TimeoutError("could not register with the database")
+        flight = self._claim(job, now, job["next_run_at"], self.pool.idle_workers()[0], scheduled_at=None)
         if flight is None:
             return None
-        run_id = flight.run_id
-        while run_id in self.inflight:
-            self.enforce_deadlines(utcnow())
-            if run_id not in self.inflight:
-                break
-            wait_s = (self.inflight[run_id].deadline - utcnow()).total_seconds()
-            events, _ = self.pool.wait(max(0.0, wait_s))
-            self.on_events(events, utcnow())
-        return run_id
+        while flight.run_id in self.inflight or self.pending:
+            now, mono = self.read_clock()
+            self.keep_lease(now, mono)
+            self.retry_pending(now)
+            self.enforce_deadlines(now)
+            wake = self._wake(now, mono)
+            events, _ = self.pool.wait(max(0.0, (wake - self.read_clock()[0]).total_seconds()))
+            self.on_events(events, self.read_clock()[0])
+        return flight.run_id
 
     # -- events from children ---------------------------------------------------------------------
     def on_events(self, events: list[ChildEvent], now: dt.datetime) -> None:
@@ -296,7 +356,13 @@ class Supervisor:
         if (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
             return
         deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
-        if self.store.extend(flight.job_id, flight.token, (deadline - now).total_seconds(), flight.run_id, deadline):
+        lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
+        try:
+            extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
+        except Exception as exc:  # noqa: BLE001 - the plugin keeps its current deadline
+            log.warning("run %d: heartbeat not applied (%s)", flight.run_id, _short(exc))
+            return
+        if extended:
             flight.deadline = deadline
             flight.last_extended = now
             log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, _iso(deadline))
@@ -327,12 +393,19 @@ class Supervisor:
                  self.settings.shutdown_timeout_s, len(self.inflight))
 
     def _drain_step(self, now: dt.datetime) -> dt.datetime:
-        if self.inflight and (self.drain_deadline is None or now >= self.drain_deadline):
+        past_deadline = self.drain_deadline is None or now >= self.drain_deadline
+        if self.inflight and past_deadline:
             self.cancel_all(now, "interrupted by shutdown")
-        if not self.inflight:
+        if self.pending and past_deadline:
+            log.error("stopping with %d result(s) unrecorded (database unreachable): runs %s; they will be "
+                      "marked abandoned when this supervisor's lease expires", len(self.pending),
+                      ", ".join(str(f.run_id) for f, _ in self.pending))
+            self.pending.clear()
+        if not self.inflight and not self.pending:
             self.done = True
             return now
-        return min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
+        wake = min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
+        return min(wake, now + dt.timedelta(seconds=1)) if self.pending else wake
 
     def cancel_all(self, now: dt.datetime, reason: str) -> None:
         """Kill every in-flight run's process tree and record it Cancelled (lease released)."""
@@ -346,21 +419,37 @@ class Supervisor:
                error_message: str | None = None, details: dict | None = None, count: bool = True) -> None:
         """Write the run's terminal state, the job's statistics and the lease release (one transaction).
         ``duration_ms`` is the run row's ``completed_at - started_at``, as in the reference."""
-        duration_ms = max(0.0, (now - flight.started_at).total_seconds() * 1000)
+        outcome = dict(status=status, success=success, error_message=error_message, details=details, count=count,
+                       duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000), now=now)
+        if not self._store_outcome(flight, outcome):
+            self.pending.append((flight, outcome))
+            log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",
+                        flight.run_id, flight.job_name, status)
+
+    def retry_pending(self, now: dt.datetime) -> None:
+        """Record results that arrived while the database was unreachable, oldest first."""
+        while self.pending:
+            flight, outcome = self.pending[0]
+            if not self._store_outcome(flight, outcome):
+                return
+            self.pending.pop(0)
+
+    def _store_outcome(self, flight: InFlight, outcome: dict) -> bool:
+        """False if the database could not be reached (the caller keeps the outcome for later)."""
+        status, error_message, duration_ms = outcome["status"], outcome["error_message"], outcome["duration_ms"]
         try:
-            recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, status=status,
-                                             success=success, error_message=error_message, details=details,
-                                             duration_ms=duration_ms, now=now, count=count)
-        except Exception:  # noqa: BLE001
-            log.exception("run %d of job %s: could not record %s", flight.run_id, flight.job_name, status)
-            return
+            recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("run %d: recording failed: %s", flight.run_id, _short(exc))
+            return False
         if not recorded:
             log.warning("run %d of job %s: result %s not recorded: the run was no longer Running (abandoned)",
                         flight.run_id, flight.job_name, status)
-            return
+            return True
         level = logging.INFO if status == "Completed" else logging.ERROR
         log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
                 duration_ms, f": {error_message}" if error_message and status != "Completed" else "")
+        return True
 
     # -- bad jobs and plugin reporting --------------------------------------------------------------
     def _mark_bad(self, job: dict, reason: str) -> None:
@@ -386,6 +475,10 @@ class Supervisor:
                 self._logged_failures.add(key)
                 log.error("plugin module %s failed to load; its job types are unavailable:\n%s",
                           failure.module, failure.error.rstrip())
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _iso(when: dt.datetime | None) -> str:

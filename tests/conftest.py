@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
 import psutil
 import pytest
+import sqlalchemy as sa
 
 from mjsched_isolated.config import Settings
 from mjsched_isolated.pool import Pool
@@ -19,9 +23,66 @@ FIXTURE_PLUGINS = str(Path(__file__).parent / "fixture_plugins")
 UTC = dt.timezone.utc
 
 
+POSTGRES_URL = os.environ.get("MJSCHED_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("MJSCHED_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+# .ci/run sets this: there, a database server that cannot be reached fails the test instead of skipping it
+REQUIRE_SERVERS = os.environ.get("MJSCHED_REQUIRE_SERVERS") == "1"
+BACKENDS = ["sqlite", "postgresql", "mysql"]
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mjsched.db'}"
+
+
+def _server_or_skip(url: str) -> sa.engine.Engine:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:  # noqa: BLE001
+        engine.dispose()
+        message = f"database server {url} unreachable: {str(exc).splitlines()[0]}"
+        if REQUIRE_SERVERS:
+            pytest.fail(message)
+        pytest.skip(message)
+    return engine
+
+
+@contextlib.contextmanager
+def isolated_database(backend: str, tmp_path: Path):
+    """A URL for an empty namespace of its own on ``backend``: a SQLite file, a fresh PostgreSQL schema
+    (via search_path) or a fresh MySQL/MariaDB database; dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'mjsched.db'}"
+        return
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = _server_or_skip(POSTGRES_URL if backend == "postgresql" else MYSQL_URL)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {name}" if backend == "postgresql" else f"CREATE DATABASE {name}")
+    base = sa.engine.make_url(POSTGRES_URL if backend == "postgresql" else MYSQL_URL)
+    url = (base.update_query_dict({"options": f"-csearch_path={name}"}) if backend == "postgresql"
+           else base.set(database=name))
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {name} CASCADE" if backend == "postgresql" else f"DROP DATABASE {name}")
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_url(request, tmp_path: Path):
+    """Each test using this runs on SQLite, PostgreSQL and MySQL/MariaDB, each in a namespace of its own."""
+    with isolated_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def any_store(backend_url: str):
+    s = Store.open(backend_url)
+    yield s
+    s.close()
 
 
 @pytest.fixture
@@ -91,15 +152,16 @@ class Driver:
             left = give_up - time.monotonic()
             if left <= 0:
                 pytest.fail(f"condition not met within {timeout_s} s")
-            wake = self.supervisor.step(utcnow())
-            wait_s = min(max(0.0, (wake - utcnow()).total_seconds()), left)
+            wake = self.supervisor.step(*self.supervisor.read_clock())
+            wait_s = min(max(0.0, (wake - self.supervisor.read_clock()[0]).total_seconds()), left)
             self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
             events, _ = self.pool.wait(wait_s)
-            self.supervisor.on_events(events, utcnow())
+            self.supervisor.on_events(events, self.supervisor.read_clock()[0])
             self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
 
     def close(self) -> None:
         self.pool.close()
+        self.supervisor.liveness.stop()
 
 
 @pytest.fixture

@@ -102,6 +102,7 @@ def test_jobs_run_exit_codes_and_json_runs(cli):
 def test_jobs_run_refuses_a_skip_job_whose_run_is_live(cli, store):
     job = add_job(store, "busy", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1))
     now = utcnow()
+    store.register_supervisor("otherhost-7", "otherhost", 7, ttl_s=600)  # a live supervisor holds the lease
     assert store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-7", lease_s=600,
                        deadline_at=now + dt.timedelta(minutes=10))
     proc = cli("jobs", "run", "busy", expect=1)

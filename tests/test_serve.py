@@ -7,50 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import FIXTURE_PLUGINS, add_job, wait_gone
-
-
-class Serve:
-    """A ``serve`` subprocess whose log lines are collected by a reader thread."""
-
-    def __init__(self, db_url: str, *args: str, cwd: Path | None = None, plugins: str = FIXTURE_PLUGINS) -> None:
-        cmd = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins", plugins, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, pattern: str, timeout_s: float = 20.0) -> re.Match:
-        regex = re.compile(pattern)
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout_s)
-            except queue.Empty:
-                pytest.fail(f"no log line matching {pattern!r} within {timeout_s} s; log so far:\n{''.join(self.log)}")
-            self.log.append(line)
-            match = regex.search(line)
-            if match:
-                return match
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+from conftest import add_job, wait_gone
+from procs import Serve
 
 
 @pytest.fixture
@@ -113,7 +80,7 @@ def test_run_for_stops_by_itself(store, serve):
 def test_killed_supervisor_takes_its_children_and_grandchildren_down(store, serve, tmp_path):
     add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
     s = serve("--max-concurrent-jobs", "2")
-    grandchild = int(s.wait_for(r"hang: run \d+ grandchild (\d+)").group(1))
+    grandchild = int(s.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
     workers = [p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)]
     assert len(workers) >= 3 and grandchild in workers  # 2 workers + the plugin's grandchild
     os.kill(s.proc.pid, signal.SIGKILL)

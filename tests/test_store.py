@@ -1,4 +1,11 @@
-"""Store: the lease protocol, statistics, orphan recovery, due-job queries and schema, on real SQLite files."""
+"""The store's CONTRACT SUITE: the lease protocol, supervisor liveness, statistics, orphan recovery, due-job
+queries and schema, each test on SQLite, PostgreSQL and MySQL/MariaDB (``any_store`` / ``backend_url``;
+every test gets a namespace of its own). Only SQLite-specific checks (WAL mode) use the SQLite ``store``.
+
+Lease model under test: a job lease is live only while its token is set, its ``expected_completion_at``
+has not passed by the database clock, *and* its holder's ``supervisors`` row (``locked_by_instance``) has
+``lease_expires_at`` in the future by the database clock. Every wait is a bounded poll of ``db_now``.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +19,24 @@ import sqlalchemy as sa
 from conftest import add_job
 from mjsched_isolated import planner
 from mjsched_isolated.errors import InputError, NotFoundError
-from mjsched_isolated.schema import jobs, runs
+from mjsched_isolated.schema import jobs, runs, supervisors
 from mjsched_isolated.store import Claim, Store
 
 UTC = dt.timezone.utc
-NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
-LONG = 600.0  # a lease that cannot expire during a test
+NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)  # the caller's clock: far from the DB clock on purpose
+LONG = 600.0  # a lease / supervisor TTL that cannot expire during a test
+SHORT = 0.05  # one that expires quickly (waited for by polling the database clock). Never asserted live:
+#               a lease is checked live while LONG, then shortened (extend / renew) and waited out.
 LEASE_COLUMNS = ("lock_token", "locked_at", "locked_by_instance", "expected_completion_at")
+HOLDER = "host-a:1"
 
 
-def _claim(store: Store, job: dict, *, instance: str = "host-a:1", lease_s: float = LONG, take_lease: bool = True,
+def _register(store: Store, instance: str = HOLDER, ttl_s: float = LONG) -> dt.datetime:
+    """Register ``instance`` as a live supervisor (its liveness lease lasts ``ttl_s``)."""
+    return store.register_supervisor(instance, "test-host", 4242, ttl_s)
+
+
+def _claim(store: Store, job: dict, *, instance: str = HOLDER, lease_s: float = LONG, take_lease: bool = True,
            next_run_at: dt.datetime | None = None, now: dt.datetime = NOW) -> Claim | None:
     """Claim ``job``'s occurrence, moving next_run_at one hour past it (or to ``next_run_at``)."""
     seen = job["next_run_at"]
@@ -39,20 +54,63 @@ def _finish(store: Store, claim: Claim, job_id: int, *, success: bool = True, du
         error_message=None if success else "went wrong", details={"k": 1}, duration_ms=duration_ms, now=now)
 
 
-def _wait_lease_expired(store: Store, job_name: str, timeout_s: float = 5.0) -> None:
-    """Poll the database clock until it is past the job's expected_completion_at (bounded)."""
+def _wait_db_past(store: Store, when: dt.datetime, timeout_s: float = 5.0) -> dt.datetime:
+    """Poll the database clock until it is strictly past ``when`` (bounded); return the DB time seen."""
+    give_up = time.monotonic() + timeout_s
+    while (db_now := store.db_now()) <= when:
+        if time.monotonic() > give_up:
+            pytest.fail(f"the database clock did not pass {when} within {timeout_s} s (at {db_now})")
+        time.sleep(0.002)  # a poll interval, not a synchronisation
+    return db_now
+
+
+def _wait_lease_expired(store: Store, job_name: str) -> None:
+    """Until the database clock is past the job's expected_completion_at."""
     expires = store.get_job(job_name)["expected_completion_at"]
     assert expires is not None
-    give_up = time.monotonic() + timeout_s
-    while store.db_now() <= expires:
-        if time.monotonic() > give_up:
-            pytest.fail(f"lease did not expire by the database clock within {timeout_s} s")
+    _wait_db_past(store, expires)
+
+
+def _supervisor(store: Store, instance: str) -> dict | None:
+    return next((s for s in store.list_supervisors() if s["instance"] == instance), None)
+
+
+def _wait_supervisor_expired(store: Store, instance: str) -> None:
+    """Until the database clock is past ``instance``'s lease_expires_at."""
+    row = _supervisor(store, instance)
+    assert row is not None
+    _wait_db_past(store, row["lease_expires_at"])
+
+
+def _stop(store: Store, instance: str) -> None:
+    """A clean stop: the supervisor is dead from that clock reading on (the boundary itself is tested on a
+    frozen clock below)."""
+    store.stop_supervisor(instance)
+
+
+def _kill_holder(store: Store, how: str, instance: str) -> None:
+    """Make the live supervisor ``instance`` dead: its row expires by the DB clock (after a last renewal with
+    a SHORT ttl), is stopped or deleted; or it never was registered (then there is nothing to do)."""
+    if how == "expired":
+        assert store.renew_supervisor(instance, SHORT) is not None
+        _wait_supervisor_expired(store, instance)
+    elif how == "stopped":
+        _stop(store, instance)
+    elif how == "deleted":
+        with store.engine.begin() as conn:
+            conn.execute(supervisors.delete().where(supervisors.c.instance == instance))
+    else:
+        assert how == "never-registered"
+
+
+DEAD_HOLDERS = ["expired", "stopped", "deleted", "never-registered"]
 
 
 # -- claim ---------------------------------------------------------------------------------------------
 
 
-def test_claim_takes_lease_and_inserts_running_run(store):
+def test_claim_takes_lease_and_inserts_running_run(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     before = store.db_now()
     claim = _claim(store, job, instance="host-a:42", lease_s=30)
@@ -62,17 +120,21 @@ def test_claim_takes_lease_and_inserts_running_run(store):
     assert row["locked_by_instance"] == "host-a:42"
     assert row["next_run_at"] == NOW + dt.timedelta(hours=1)
     # the lease is measured on the database clock: locked_at ~ db now, expiry ~ db now + 30 s
-    assert row["locked_at"] >= before - dt.timedelta(seconds=1)
+    assert before - dt.timedelta(seconds=1) <= row["locked_at"] <= store.db_now()
     assert dt.timedelta(seconds=29) <= row["expected_completion_at"] - row["locked_at"] <= dt.timedelta(seconds=31)
     run = store.get_run(claim.run_id)
     assert run["status"] == "Running"
     assert run["lock_token"] == claim.lock_token
     assert run["executed_by_instance"] == "host-a:42"
     assert run["scheduled_at"] == NOW
+    assert run["started_at"] == NOW
+    assert run["deadline_at"] == NOW + dt.timedelta(minutes=5)
     assert run["job_name"] == "j"
 
 
-def test_claim_wins_once_per_occurrence(store):
+def test_claim_wins_once_per_occurrence(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     first = _claim(store, job)
     assert first is not None
@@ -82,7 +144,8 @@ def test_claim_wins_once_per_occurrence(store):
     assert store.get_job("j")["lock_token"] is None
 
 
-def test_claim_without_lease_is_still_once_per_occurrence(store):
+def test_claim_without_lease_is_still_once_per_occurrence(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
     first = _claim(store, job, take_lease=False)
     assert first is not None and first.lock_token is None
@@ -94,11 +157,13 @@ def test_claim_without_lease_is_still_once_per_occurrence(store):
     assert len(store.running_runs()) == 2
 
 
-def test_claim_refused_while_live_lease_is_held(store):
+def test_claim_refused_while_live_lease_is_held(any_store):
+    store = any_store
+    _register(store, "a")
     add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     first = _claim(store, store.get_job("j"), instance="a", lease_s=LONG)
     assert first is not None
-    fresh = store.get_job("j")  # new occurrence, but the lease is live
+    fresh = store.get_job("j")  # new occurrence, but the lease is live (token set, not expired, holder alive)
     assert _claim(store, fresh, instance="b") is None
     after = store.get_job("j")
     assert after["lock_token"] == first.lock_token
@@ -107,20 +172,77 @@ def test_claim_refused_while_live_lease_is_held(store):
     assert len(store.list_runs(job_name="j")) == 1
 
 
-def test_claim_allowed_once_lease_expired_by_database_clock(store):
+def test_claim_refused_while_holder_alive_even_after_renewals(any_store):
+    """The holder renewing its supervisor row keeps the lease; its job lease itself is still long."""
+    store = any_store
+    _register(store, "a", ttl_s=SHORT)
     add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
-    first = _claim(store, store.get_job("j"), instance="a", lease_s=0.05)
+    assert _claim(store, store.get_job("j"), instance="a") is not None
+    for _ in range(3):
+        assert store.renew_supervisor("a", LONG) is not None
+        assert _claim(store, store.get_job("j"), instance="b") is None
+    assert store.get_job("j")["locked_by_instance"] == "a"
+
+
+def test_claim_allowed_once_lease_expired_by_database_clock(any_store):
+    """The ``expected_completion_at < db_now`` path: the holder is alive, but its job lease ran out. Expiry is
+    judged by the database clock, never the caller's ``now`` (which is far in the future, then far in the
+    past, here)."""
+    store = any_store
+    _register(store, "a")
+    _register(store, "b")
+    add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    first = _claim(store, store.get_job("j"), instance="a", lease_s=LONG)
     assert first is not None
+    # live by the DB clock, although the caller's clock (a year after NOW, 2030) is long past the expiry
+    assert _claim(store, store.get_job("j"), instance="b", now=NOW + dt.timedelta(days=365)) is None
+    assert store.extend(store.get_job("j")["id"], first.lock_token, SHORT, first.run_id, NOW)  # shortened
     _wait_lease_expired(store, "j")
-    second = _claim(store, store.get_job("j"), instance="b", lease_s=LONG)
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=UTC)  # the caller's clock far behind: irrelevant too
+    second = _claim(store, store.get_job("j"), instance="b", lease_s=LONG, now=long_ago)
     assert second is not None
     assert second.lock_token != first.lock_token
     row = store.get_job("j")
     assert row["lock_token"] == second.lock_token
     assert row["locked_by_instance"] == "b"
+    assert row["expected_completion_at"] > store.db_now() + dt.timedelta(seconds=LONG - 60)
 
 
-def test_each_claim_gets_a_fresh_random_token(store):
+@pytest.mark.parametrize("how", DEAD_HOLDERS)
+def test_claim_allowed_once_holder_supervisor_is_dead(any_store, how):
+    """A job lease (long, unexpired) is free as soon as its holder's supervisor row expired by the DB
+    clock, was stopped, is missing, or never existed."""
+    store = any_store
+    if how != "never-registered":
+        _register(store, "a")
+    add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    first = _claim(store, store.get_job("j"), instance="a", lease_s=LONG)
+    assert first is not None
+    if how != "never-registered":  # while the holder is alive, nobody else may take the lease
+        assert _claim(store, store.get_job("j"), instance="b") is None
+    _kill_holder(store, how, "a")
+    assert store.db_now() < store.get_job("j")["expected_completion_at"]  # the job lease itself is unexpired
+    second = _claim(store, store.get_job("j"), instance="b")
+    assert second is not None
+    row = store.get_job("j")
+    assert (row["lock_token"], row["locked_by_instance"]) == (second.lock_token, "b")
+    assert len(store.list_runs(job_name="j")) == 2
+
+
+def test_claim_refused_again_once_the_new_holder_is_alive(any_store):
+    """After a takeover from a dead holder, the new holder's live lease is respected in turn."""
+    store = any_store
+    _register(store, "b")
+    add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    assert _claim(store, store.get_job("j"), instance="a") is not None  # "a" is not registered: dead
+    assert _claim(store, store.get_job("j"), instance="b") is not None
+    assert _claim(store, store.get_job("j"), instance="a") is None
+    assert store.get_job("j")["locked_by_instance"] == "b"
+
+
+def test_each_claim_gets_a_fresh_random_token(any_store):
+    store = any_store
+    _register(store)
     add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     tokens = []
     for _ in range(5):
@@ -134,13 +256,75 @@ def test_each_claim_gets_a_fresh_random_token(store):
         int(token, 16)  # hex
 
 
+# -- the unique occurrence index -----------------------------------------------------------------------
+
+
+def test_second_claim_of_same_occurrence_around_the_cas_is_refused_by_unique_index(any_store):
+    """Even when next_run_at is put back (so the compare-and-set matches again), the unique index on
+    runs(job_id, scheduled_at) refuses a second run of the occurrence: claim returns None and writes nothing."""
+    store = any_store
+    _register(store)
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    first = _claim(store, job)
+    assert first is not None
+    assert _finish(store, first, job["id"])  # lease free again
+    assert store.set_next_run_at(job["id"], NOW + dt.timedelta(hours=1), NOW, NOW)  # back to the occurrence
+    stale = store.get_job("j")
+    assert stale["next_run_at"] == NOW and stale["lock_token"] is None
+    assert _claim(store, stale, instance="b") is None
+    after = store.get_job("j")
+    assert after["next_run_at"] == NOW  # the job update was rolled back with the refused insert
+    assert all(after[c] is None for c in LEASE_COLUMNS)
+    assert [r["id"] for r in store.list_runs(job_name="j")] == [first.run_id]
+    # the same for a claim without a lease
+    assert _claim(store, stale, instance="b", take_lease=False) is None
+    assert store.get_job("j")["next_run_at"] == NOW
+    assert len(store.list_runs(job_name="j")) == 1
+    # a different occurrence is fine
+    assert store.set_next_run_at(job["id"], NOW, NOW + dt.timedelta(minutes=1), NOW)
+    assert _claim(store, store.get_job("j"), instance="b") is not None
+
+
+def test_manual_insert_of_a_second_run_for_an_occurrence_is_an_integrity_error(any_store):
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    assert _claim(store, job, take_lease=False) is not None
+    with pytest.raises(sa.exc.IntegrityError):
+        with store.engine.begin() as conn:
+            conn.execute(runs.insert().values(job_id=job["id"], scheduled_at=NOW, started_at=NOW, status="Running",
+                                              executed_by_instance="rogue"))
+    assert len(store.list_runs(job_name="j")) == 1
+
+
+def test_manual_runs_without_scheduled_at_may_repeat(any_store):
+    """Manual runs have no scheduled_at: the unique index does not limit them (NULLs are distinct)."""
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW + dt.timedelta(hours=1), concurrency_mode="Concurrent")
+    ids = []
+    for _ in range(3):
+        seen = store.get_job("j")
+        claim = store.claim(seen, now=NOW, next_run_at=seen["next_run_at"], instance=HOLDER, lease_s=LONG,
+                            deadline_at=NOW + dt.timedelta(minutes=5), take_lease=False, scheduled_at=None)
+        assert claim is not None
+        ids.append(claim.run_id)
+    assert len(set(ids)) == 3
+    assert all(store.get_run(i)["scheduled_at"] is None for i in ids)
+    assert store.get_job("j")["next_run_at"] == job["next_run_at"]  # a manual run leaves the schedule alone
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], scheduled_at=None, started_at=NOW, status="Running"))
+    assert len(store.running_runs()) == 4
+
+
 # -- release / extend ----------------------------------------------------------------------------------
 
 
-def test_release_refuses_wrong_token_and_is_idempotent(store):
+def test_release_refuses_wrong_token_and_is_idempotent(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     assert store.release(job["id"], "not-the-token") is False
+    assert store.release(job["id"] + 1000, claim.lock_token) is False  # another (missing) job
     held = store.get_job("j")
     assert held["lock_token"] == claim.lock_token and held["expected_completion_at"] is not None
     assert store.release(job["id"], claim.lock_token) is True
@@ -149,18 +333,36 @@ def test_release_refuses_wrong_token_and_is_idempotent(store):
     assert store.release(job["id"], claim.lock_token) is False  # second call: nothing to release
 
 
-def test_extend_refuses_wrong_token_and_writes_nothing(store):
+def test_release_with_old_token_leaves_new_holders_lease(any_store):
+    store = any_store
+    _register(store, "b")
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    old = _claim(store, job, instance="a")  # "a" is dead: its lease is free for "b"
+    new = _claim(store, store.get_job("j"), instance="b")
+    assert new is not None
+    held = store.get_job("j")
+    assert store.release(job["id"], old.lock_token) is False
+    assert store.extend(job["id"], old.lock_token, LONG, old.run_id, NOW + dt.timedelta(hours=1)) is False
+    after = store.get_job("j")
+    assert {c: after[c] for c in LEASE_COLUMNS} == {c: held[c] for c in LEASE_COLUMNS}
+
+
+def test_extend_refuses_wrong_token_and_writes_nothing(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job, lease_s=5)
     before_job = store.get_job("j")
     before_run = store.get_run(claim.run_id)
     later = NOW + dt.timedelta(hours=2)
     assert store.extend(job["id"], "not-the-token", LONG, claim.run_id, later) is False
-    assert store.get_job("j")["expected_completion_at"] == before_job["expected_completion_at"]
+    assert store.get_job("j") == before_job
     assert store.get_run(claim.run_id)["deadline_at"] == before_run["deadline_at"]
 
 
-def test_extend_with_right_token_moves_lease_and_deadline(store):
+def test_extend_with_right_token_moves_lease_and_deadline(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job, lease_s=5)
     before = store.get_job("j")["expected_completion_at"]
@@ -172,7 +374,21 @@ def test_extend_with_right_token_moves_lease_and_deadline(store):
     assert store.get_run(claim.run_id)["deadline_at"] == later
 
 
-def test_extend_without_token_moves_only_the_deadline(store):
+def test_extend_revives_an_expired_lease_still_carrying_the_token(any_store):
+    """Extension is judged by the token only, on the database clock: a lease that ran out but was not taken
+    over is extended to DB-now + lease_s."""
+    store = any_store
+    _register(store)
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    claim = _claim(store, job, lease_s=SHORT)
+    _wait_lease_expired(store, "j")
+    assert store.extend(job["id"], claim.lock_token, LONG, claim.run_id, NOW) is True
+    assert store.get_job("j")["expected_completion_at"] > store.db_now() + dt.timedelta(seconds=LONG - 60)
+    assert _claim(store, store.get_job("j"), instance="b") is None
+
+
+def test_extend_without_token_moves_only_the_deadline(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
     claim = _claim(store, job, take_lease=False)
     later = NOW + dt.timedelta(hours=3)
@@ -181,18 +397,23 @@ def test_extend_without_token_moves_only_the_deadline(store):
     assert store.get_job("j")["expected_completion_at"] is None
 
 
-def test_extend_after_release_returns_false(store):
+def test_extend_after_release_returns_false(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     assert store.release(job["id"], claim.lock_token)
     assert store.extend(job["id"], claim.lock_token, LONG, claim.run_id, NOW + dt.timedelta(hours=1)) is False
     assert store.get_job("j")["lock_token"] is None
+    assert store.get_run(claim.run_id)["deadline_at"] == NOW + dt.timedelta(minutes=5)
 
 
 # -- finish_run ----------------------------------------------------------------------------------------
 
 
-def test_finish_run_records_terminal_state_and_releases_lease(store):
+def test_finish_run_records_terminal_state_and_releases_lease(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     done_at = NOW + dt.timedelta(seconds=2)
@@ -214,7 +435,9 @@ def test_finish_run_records_terminal_state_and_releases_lease(store):
     assert row["avg_duration_ms"] == 1234.5
 
 
-def test_finish_run_statistics_over_three_runs(store):
+def test_finish_run_statistics_over_three_runs(any_store):
+    store = any_store
+    _register(store)
     add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     outcomes = [(True, 100.0), (False, 200.0), (True, 600.0)]
     for i, (success, duration) in enumerate(outcomes):
@@ -234,7 +457,9 @@ def test_finish_run_statistics_over_three_runs(store):
     assert [r["status"] for r in store.list_runs(job_name="j")] == ["Completed", "Failed", "Completed"]
 
 
-def test_finish_run_without_duration_keeps_average(store):
+def test_finish_run_without_duration_keeps_average(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     assert _finish(store, _claim(store, job), job["id"], duration_ms=50.0)
     assert _finish(store, _claim(store, store.get_job("j")), job["id"], duration_ms=None)
@@ -244,7 +469,9 @@ def test_finish_run_without_duration_keeps_average(store):
     assert row["last_duration_ms"] == 50.0
 
 
-def test_finish_run_count_false_leaves_statistics(store):
+def test_finish_run_count_false_leaves_statistics(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Cancelled", success=None,
@@ -256,7 +483,9 @@ def test_finish_run_count_false_leaves_statistics(store):
     assert store.get_run(claim.run_id)["status"] == "Cancelled"
 
 
-def test_finish_run_on_non_running_run_returns_false_and_touches_nothing(store):
+def test_finish_run_on_non_running_run_returns_false_and_touches_nothing(any_store):
+    store = any_store
+    _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     assert _finish(store, claim, job["id"], duration_ms=100.0) is True
@@ -267,7 +496,10 @@ def test_finish_run_on_non_running_run_returns_false_and_touches_nothing(store):
     assert store.get_run(claim.run_id) == run_snapshot
 
 
-def test_finish_again_after_another_claim_leaves_new_holders_lease(store):
+def test_finish_again_after_another_claim_leaves_new_holders_lease(any_store):
+    store = any_store
+    _register(store, "a")
+    _register(store, "b")
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     a = _claim(store, job, instance="a")
     assert _finish(store, a, job["id"]) is True
@@ -281,11 +513,14 @@ def test_finish_again_after_another_claim_leaves_new_holders_lease(store):
     assert after["run_count"] == 1
 
 
-def test_finish_of_running_run_whose_lease_was_taken_over_keeps_other_holders_lease(store):
-    """A's lease expires, B claims; A's run (still Running) then finishes: recorded, counted, but B's lease
-    must survive both the statistics update and the token-checked release."""
+def test_finish_of_running_run_whose_lease_was_taken_over_keeps_other_holders_lease(any_store):
+    """A's lease expires (A alive), B claims; A's run (still Running) then finishes: recorded, counted, but
+    B's lease must survive both the statistics update and the token-checked release."""
+    store = any_store
+    _register(store, "a")
+    _register(store, "b")
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
-    a = _claim(store, job, instance="a", lease_s=0.05)
+    a = _claim(store, job, instance="a", lease_s=SHORT)
     _wait_lease_expired(store, "j")
     b = _claim(store, store.get_job("j"), instance="b", lease_s=LONG)
     assert b is not None
@@ -299,41 +534,114 @@ def test_finish_of_running_run_whose_lease_was_taken_over_keeps_other_holders_le
     assert store.get_run(b.run_id)["status"] == "Running"
 
 
-# -- abandon_orphaned_runs -----------------------------------------------------------------------------
+# -- abandon_orphaned_runs: a run is orphaned exactly when its supervisor is dead -------------------------
 
 
-def test_abandon_orphaned_runs_fails_run_whose_lease_expired(store):
+@pytest.mark.parametrize("how", DEAD_HOLDERS)
+def test_abandon_orphaned_runs_fails_runs_of_a_dead_supervisor(any_store, how):
+    """Dead supervisor -> its Running runs are Failed, counted and their lease freed, however long the job
+    lease and run deadline still are. Excluded run ids are spared."""
+    store = any_store
+    instance = "gone-host:777"
+    if how != "never-registered":
+        _register(store, instance)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
-    claim = _claim(store, job, instance="gone-host:777", lease_s=0.05)
-    _wait_lease_expired(store, "j")
+    claim = _claim(store, job, instance=instance, lease_s=LONG)  # deadline NOW + 5 min, lease 10 min
+    _kill_holder(store, how, instance)
     assert store.abandon_orphaned_runs(NOW, exclude_run_ids={claim.run_id}) == []
     assert store.get_run(claim.run_id)["status"] == "Running"
+    assert store.get_job("j")["lock_token"] == claim.lock_token
 
     later = NOW + dt.timedelta(seconds=3)
     abandoned = store.abandon_orphaned_runs(later)
     assert [r["id"] for r in abandoned] == [claim.run_id]
-    assert "gone-host:777" in abandoned[0]["error_message"]
+    assert instance in abandoned[0]["error_message"]
     run = store.get_run(claim.run_id)
     assert run["status"] == "Failed"
     assert run["success"] is False
     assert run["completed_at"] == later
-    assert "gone-host:777" in run["error_message"]
+    assert instance in run["error_message"]
     row = store.get_job("j")
     assert all(row[c] is None for c in LEASE_COLUMNS)
-    assert (row["run_count"], row["failure_count"]) == (1, 1)
-    # the late finish of the abandoned run is refused
+    assert (row["run_count"], row["success_count"], row["failure_count"]) == (1, 0, 1)
+    assert row["last_run_at"] == later
+    assert row["last_duration_ms"] == pytest.approx(3000.0)
+    # the late finish of the abandoned run is refused, and a second sweep finds nothing
     assert _finish(store, claim, job["id"]) is False
     assert store.abandon_orphaned_runs(later) == []
+    assert store.get_job("j")["failure_count"] == 1
 
 
-def test_abandon_run_whose_lease_was_taken_over_keeps_new_holders_lease(store):
+def test_abandon_orphaned_runs_leaseless_run_of_dead_supervisor(any_store):
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
+    claim = _claim(store, job, take_lease=False, instance="x:1")  # deadline NOW + 5 min, far ahead
+    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(seconds=1))
+    assert [r["id"] for r in abandoned] == [claim.run_id]
+    assert "x:1" in abandoned[0]["error_message"]
+    assert store.get_run(claim.run_id)["status"] == "Failed"
+    row = store.get_job("j")
+    assert row["failure_count"] == 1 and row["lock_token"] is None
+
+
+def test_abandon_orphaned_runs_spares_runs_of_a_live_supervisor(any_store):
+    """Live supervisor -> spared, whatever the caller's now, the run's deadline or its job lease's expiry."""
+    store = any_store
+    _register(store, "alive:1")
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
-    a = _claim(store, job, instance="a:1", lease_s=0.05)
+    expired = _claim(store, job, instance="alive:1", lease_s=SHORT)  # job lease will run out
+    conc = add_job(store, "c", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
+    leaseless = _claim(store, conc, instance="alive:1", take_lease=False)  # deadline NOW + 5 min
     _wait_lease_expired(store, "j")
+    assert store.abandon_orphaned_runs(NOW + dt.timedelta(days=1)) == []  # deadlines long past by `now`
+    assert store.get_run(expired.run_id)["status"] == "Running"
+    assert store.get_run(leaseless.run_id)["status"] == "Running"
+    assert store.get_job("j")["lock_token"] == expired.lock_token
+    assert store.get_job("j")["failure_count"] == 0
+    # the very same runs are abandoned once their supervisor stops
+    _stop(store, "alive:1")
+    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(days=1))
+    assert sorted(r["id"] for r in abandoned) == sorted([expired.run_id, leaseless.run_id])
+
+
+def test_abandon_orphaned_runs_spares_runs_once_supervisor_renewed(any_store):
+    """A supervisor whose row expired but which renews (or re-registers) before the sweep is alive again."""
+    store = any_store
+    _register(store, "s:1", ttl_s=SHORT)
+    claim = _claim(store, add_job(store, "j", "ok", now=NOW, next_run_at=NOW), instance="s:1")
+    _wait_supervisor_expired(store, "s:1")
+    assert store.renew_supervisor("s:1", LONG) is not None
+    assert store.abandon_orphaned_runs(NOW) == []
+    assert store.get_run(claim.run_id)["status"] == "Running"
+
+
+def test_abandon_only_dead_supervisors_runs_among_many(any_store):
+    store = any_store
+    _register(store, "alive:1")
+    _register(store, "stopped:2")
+    _stop(store, "stopped:2")
+    claims = {}
+    for inst in ("alive:1", "stopped:2", "unknown:3"):
+        job = add_job(store, f"j-{inst}", "ok", now=NOW, next_run_at=NOW)
+        claims[inst] = _claim(store, job, instance=inst)
+    abandoned = store.abandon_orphaned_runs(NOW, exclude_run_ids={claims["unknown:3"].run_id})
+    assert [r["id"] for r in abandoned] == [claims["stopped:2"].run_id]
+    assert {r["executed_by_instance"] for r in store.running_runs()} == {"alive:1", "unknown:3"}
+    assert store.running_runs("alive:1")[0]["id"] == claims["alive:1"].run_id
+
+
+def test_abandon_run_whose_lease_was_taken_over_keeps_new_holders_lease(any_store):
+    store = any_store
+    _register(store, "a:1")
+    _register(store, "b:2")
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    a = _claim(store, job, instance="a:1", lease_s=LONG)
+    _stop(store, "a:1")  # A dies; its lease is free
     b = _claim(store, store.get_job("j"), instance="b:2", lease_s=LONG)
+    assert b is not None
     held = store.get_job("j")
-    # B's supervisor sweeps, excluding its own run: A's run (lease lost) is abandoned, B's lease untouched
-    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(seconds=1), exclude_run_ids={b.run_id})
+    # a sweep (even without excluding B's run): A's run is abandoned, B's run and lease are untouched
+    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(seconds=1))
     assert [r["id"] for r in abandoned] == [a.run_id]
     assert "a:1" in abandoned[0]["error_message"]
     after = store.get_job("j")
@@ -342,27 +650,213 @@ def test_abandon_run_whose_lease_was_taken_over_keeps_new_holders_lease(store):
     assert store.get_run(b.run_id)["status"] == "Running"
 
 
-def test_abandon_orphaned_runs_spares_live_leases(store):
+# -- boundaries, on a frozen database clock --------------------------------------------------------------
+
+
+def _frozen_clock_store(backend_url: str, at: dt.datetime) -> Store:
+    """Another Store on the same namespace whose *database* clock - the one every lease decision reads
+    (SQLite ``strftime(.., 'now', ..)``, PostgreSQL ``clock_timestamp()``, MySQL ``UTC_TIMESTAMP(6)``) -
+    stands still at ``at`` (ms-aligned, aware UTC), so "the same clock reading" is deterministic."""
+    store = Store.open(backend_url)
+    naive = at.astimezone(UTC).replace(tzinfo=None)
+    if store.dialect == "sqlite":
+        def strftime(fmt: str, when: str, modifier: str) -> str:
+            assert (fmt, when) == ("%Y-%m-%d %H:%M:%f", "now"), (fmt, when)
+            t = naive + dt.timedelta(seconds=float(modifier.split()[0]))
+            return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+        def on_connect(dbapi_conn, _record) -> None:  # an application function overrides the built-in
+            dbapi_conn.create_function("strftime", 3, strftime)
+    elif store.dialect == "postgresql":
+        with store.engine.begin() as conn:
+            namespace = conn.exec_driver_sql("SELECT current_schema()").scalar()
+            conn.exec_driver_sql(f"CREATE FUNCTION clock_timestamp() RETURNS timestamptz LANGUAGE sql STABLE "
+                                 f"AS $$ SELECT '{naive.isoformat()}+00'::timestamptz $$")
+
+        def on_connect(dbapi_conn, _record) -> None:  # pg_catalog after the namespace: its function wins
+            with dbapi_conn.cursor() as cursor:
+                cursor.execute(f"SET search_path TO {namespace}, pg_catalog")
+            dbapi_conn.commit()
+    else:
+        def on_connect(dbapi_conn, _record) -> None:
+            with dbapi_conn.cursor() as cursor:
+                cursor.execute(f"SET TIMESTAMP = {at.timestamp():.6f}")
+    sa.event.listen(store.engine, "connect", on_connect)
+    store.engine.dispose()  # connections opened before the listener (schema creation) are dropped
+    assert store.db_now() == at and store.db_now() == at
+    return store
+
+
+@pytest.fixture
+def frozen(any_store, backend_url):
+    """(the normal store, a store whose database clock stands still at a ms-aligned 'now')."""
+    real_now = any_store.db_now()
+    at = real_now.replace(microsecond=real_now.microsecond // 1000 * 1000)
+    still = _frozen_clock_store(backend_url, at)
+    yield any_store, still
+    still.close()
+
+
+def test_job_lease_is_live_up_to_and_including_its_expiry_instant(frozen):
+    """``expected_completion_at`` "has not passed" while it equals the database's now: the lease is live."""
+    _, store = frozen
+    _register(store, "a")
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
+    claim = _claim(store, job, instance="a")
+    assert store.extend(job["id"], claim.lock_token, 0, claim.run_id, NOW)  # expires exactly now
+    row = store.get_job("j")
+    assert row["expected_completion_at"] == store.db_now()
+    assert _claim(store, row, instance="b") is None
+    assert store.due_jobs(NOW + dt.timedelta(days=1), 10) == []  # the Queue job still waits for the lease
+
+
+def test_supervisor_is_alive_while_its_lease_is_in_the_future(frozen):
+    _, store = frozen
+    store.register_supervisor("a", "h", 1, 0.001)  # expires 1 ms after the (frozen) now
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
-    claim = _claim(store, job, lease_s=LONG)
-    assert store.abandon_orphaned_runs(NOW + dt.timedelta(days=1)) == []
-    assert store.get_run(claim.run_id)["status"] == "Running"
-    assert store.get_job("j")["lock_token"] == claim.lock_token
+    claim = _claim(store, job, instance="a")
+    assert _claim(store, store.get_job("j"), instance="b") is None
+    assert store.abandon_orphaned_runs(NOW) == []
+    assert store.held_runs({claim.run_id}) == {claim.run_id}
 
 
-def test_abandon_orphaned_runs_leaseless_runs_by_deadline(store):
-    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
-    claim = _claim(store, job, take_lease=False, instance="x:1")  # deadline NOW + 5 min
-    assert store.abandon_orphaned_runs(NOW + dt.timedelta(minutes=4)) == []
-    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(minutes=6))
-    assert [r["id"] for r in abandoned] == [claim.run_id]
-    assert store.get_run(claim.run_id)["status"] == "Failed"
+@pytest.mark.parametrize("then", ["sweep", "claim"])
+def test_stopped_supervisor_is_dead_at_the_same_clock_reading(frozen, then):
+    """stop_supervisor "ends the lease at once": with the database clock standing still, a sweep (or a claim)
+    right after the stop must already treat the supervisor as dead."""
+    _, store = frozen
+    _register(store, "a")
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    first = _claim(store, job, instance="a")
+    store.stop_supervisor("a")
+    row = _supervisor(store, "a")
+    assert row["stopped_at"] is not None
+    assert row["lease_expires_at"] == store.db_now()  # the same clock reading
+    if then == "sweep":
+        assert [r["id"] for r in store.abandon_orphaned_runs(NOW)] == [first.run_id]
+    else:
+        assert _claim(store, store.get_job("j"), instance="b") is not None
 
 
-# -- due_jobs / next_due_at ----------------------------------------------------------------------------
+# -- supervisors: register / renew / stop / list -------------------------------------------------------
 
 
-def test_due_jobs_only_active(store):
+def test_register_supervisor_sets_a_lease_on_the_database_clock(any_store):
+    store = any_store
+    before = store.db_now()
+    registered_at = store.register_supervisor("h:1", "host-h", 1234, 30)
+    after = store.db_now()
+    assert before <= registered_at <= after
+    [row] = store.list_supervisors()
+    assert (row["instance"], row["hostname"], row["pid"], row["stopped_at"]) == ("h:1", "host-h", 1234, None)
+    assert row["heartbeat_at"] == registered_at
+    # (PostgreSQL's clock_timestamp() moves between the columns of one statement: microseconds apart)
+    assert abs(row["started_at"] - row["heartbeat_at"]) < dt.timedelta(milliseconds=100)
+    assert row["heartbeat_at"].tzinfo is not None and row["heartbeat_at"].utcoffset() == dt.timedelta(0)
+    assert abs(row["lease_expires_at"] - (row["heartbeat_at"] + dt.timedelta(seconds=30))) < dt.timedelta(seconds=1)
+
+
+def test_renew_supervisor_moves_lease_forward_by_database_clock(any_store):
+    store = any_store
+    registered_at = _register(store, "h:1", ttl_s=SHORT)
+    first = _supervisor(store, "h:1")
+    _wait_db_past(store, registered_at)  # the DB clock has moved on
+    before = store.db_now()
+    renewed_at = store.renew_supervisor("h:1", SHORT)  # the same ttl: the expiry still moves forward
+    after = store.db_now()
+    assert renewed_at is not None and before <= renewed_at <= after
+    row = _supervisor(store, "h:1")
+    assert row["heartbeat_at"] == renewed_at
+    assert row["lease_expires_at"] > first["lease_expires_at"]
+    assert abs(row["lease_expires_at"] - (renewed_at + dt.timedelta(seconds=SHORT))) < dt.timedelta(milliseconds=100)
+    assert row["started_at"] == first["started_at"] and row["stopped_at"] is None
+    # a longer ttl moves it much further; the DB clock, not the caller's, is the base
+    assert store.renew_supervisor("h:1", LONG) is not None
+    assert _supervisor(store, "h:1")["lease_expires_at"] > store.db_now() + dt.timedelta(seconds=LONG - 60)
+
+
+def test_renew_supervisor_after_expiry_revives_it(any_store):
+    """Renewal is one statement on the row: an expired (but not stopped) row is renewed, and its leases are
+    live again."""
+    store = any_store
+    _register(store, "h:1", ttl_s=SHORT)
+    add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    assert _claim(store, store.get_job("j"), instance="h:1") is not None
+    _wait_supervisor_expired(store, "h:1")
+    assert store.renew_supervisor("h:1", LONG) is not None
+    assert _claim(store, store.get_job("j"), instance="b") is None
+
+
+def test_renew_supervisor_returns_none_for_unknown_or_stopped(any_store):
+    store = any_store
+    assert store.renew_supervisor("nobody:1", LONG) is None
+    assert store.list_supervisors() == []  # renewal never creates a row
+    _register(store, "h:1")
+    store.stop_supervisor("h:1")
+    stopped = _supervisor(store, "h:1")
+    assert stopped["stopped_at"] is not None
+    assert stopped["lease_expires_at"] <= store.db_now()
+    assert store.renew_supervisor("h:1", LONG) is None
+    assert _supervisor(store, "h:1") == stopped  # nothing written
+    # registering again resets the row: live, renewable
+    _register(store, "h:1", ttl_s=LONG)
+    again = _supervisor(store, "h:1")
+    assert again["stopped_at"] is None and again["lease_expires_at"] > store.db_now()
+    assert store.renew_supervisor("h:1", LONG) is not None
+    assert len(store.list_supervisors()) == 1
+
+
+def test_stop_supervisor_of_unknown_instance_is_a_no_op(any_store):
+    store = any_store
+    store.stop_supervisor("nobody:1")
+    assert store.list_supervisors() == []
+
+
+def test_list_supervisors_newest_heartbeat_first(any_store):
+    store = any_store
+    _register(store, "a:1")
+    b_at = _register(store, "b:2")
+    _wait_db_past(store, b_at)
+    store.renew_supervisor("a:1", LONG)
+    listed = store.list_supervisors()
+    assert [s["instance"] for s in listed] == ["a:1", "b:2"]
+    assert set(listed[0]) == {"instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at",
+                              "stopped_at"}
+
+
+# -- held_runs -----------------------------------------------------------------------------------------
+
+
+def test_held_runs_keeps_only_running_runs_still_carrying_their_lease(any_store):
+    store = any_store
+    _register(store, "me:1")
+    _register(store, "old:2")
+    held = _claim(store, add_job(store, "held", "ok", now=NOW, next_run_at=NOW), instance="me:1")
+    leaseless = _claim(store, add_job(store, "conc", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent"),
+                       instance="me:1", take_lease=False)
+    orphan = _claim(store, add_job(store, "orphan", "ok", now=NOW, next_run_at=NOW), instance="dead:3")
+    taken = _claim(store, add_job(store, "taken", "ok", now=NOW, next_run_at=NOW), instance="old:2")
+    released = _claim(store, add_job(store, "released", "ok", now=NOW, next_run_at=NOW), instance="me:1")
+    finished = _claim(store, add_job(store, "finished", "ok", now=NOW, next_run_at=NOW), instance="me:1")
+    everything = {c.run_id for c in (held, leaseless, orphan, taken, released, finished)}
+    assert store.held_runs(everything) == everything
+    assert store.held_runs(everything | {987654}) == everything  # unknown ids are dropped
+
+    assert [r["id"] for r in store.abandon_orphaned_runs(NOW)] == [orphan.run_id]  # dead:3 never registered
+    _stop(store, "old:2")
+    assert _claim(store, store.get_job("taken"), instance="me:1") is not None  # token changed
+    assert store.release(store.get_job("released")["id"], released.lock_token)  # token cleared
+    assert _finish(store, finished, store.get_job("finished")["id"])
+    assert store.held_runs(everything) == {held.run_id, leaseless.run_id}
+    assert store.held_runs({held.run_id}) == {held.run_id}
+    assert store.held_runs(set()) == set()
+
+
+# -- due_jobs / next_due_at / queue_now ----------------------------------------------------------------
+
+
+def test_due_jobs_only_active(any_store):
+    store = any_store
     past = NOW - dt.timedelta(minutes=1)
     for status in ("Pending", "Active", "Paused", "Disabled", "Expired"):
         add_job(store, status.lower(), "ok", now=NOW, next_run_at=past, status=status)
@@ -370,7 +864,8 @@ def test_due_jobs_only_active(store):
     assert store.next_due_at() == past
 
 
-def test_due_jobs_ordering_limit_exclude_and_future(store):
+def test_due_jobs_ordering_limit_exclude_and_future(any_store):
+    store = any_store
     a = add_job(store, "a", "ok", now=NOW, next_run_at=NOW - dt.timedelta(minutes=2))
     b = add_job(store, "b", "ok", now=NOW, next_run_at=NOW - dt.timedelta(minutes=5))
     add_job(store, "later", "ok", now=NOW, next_run_at=NOW + dt.timedelta(minutes=5))
@@ -382,11 +877,13 @@ def test_due_jobs_ordering_limit_exclude_and_future(store):
     assert store.next_due_at() == NOW - dt.timedelta(minutes=5)
     assert store.next_due_at(exclude={a["id"], b["id"]}) == NOW + dt.timedelta(minutes=5)
     assert [j["name"] for j in store.unscheduled_active_jobs()] == ["unscheduled"]
+    assert {j["name"] for j in store.active_jobs()} == {"a", "b", "later", "unscheduled"}
 
 
-def test_job_scheduled_by_the_planner_is_never_due_before_start_at(store):
+def test_job_scheduled_by_the_planner_is_never_due_before_start_at(any_store):
     """Writers keep next_run_at >= start_at (planner.initial_next_run_at); the store then never reports the
     job due before start_at. (The supervisor separately re-plans rows edited outside the CLI.)"""
+    store = any_store
     start = NOW + dt.timedelta(hours=1, minutes=7)
     values = {"cron_expression": "*/15 * * * *", "timezone": "UTC", "start_at": start}
     first = planner.initial_next_run_at(values, NOW)
@@ -399,13 +896,16 @@ def test_job_scheduled_by_the_planner_is_never_due_before_start_at(store):
     assert store.next_due_at() == first
 
 
-def test_next_due_at_none_when_nothing_scheduled(store):
+def test_next_due_at_none_when_nothing_scheduled(any_store):
+    store = any_store
     assert store.next_due_at() is None
     add_job(store, "p", "ok", now=NOW, next_run_at=NOW, status="Paused")
     assert store.next_due_at() is None
 
 
-def test_queue_job_with_live_lease_is_not_due(store):
+def test_queue_job_with_live_lease_is_not_due(any_store):
+    store = any_store
+    _register(store)
     q = add_job(store, "q", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
     s = add_job(store, "s", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Skip")
     qc = _claim(store, q, next_run_at=NOW + dt.timedelta(seconds=1))
@@ -417,19 +917,77 @@ def test_queue_job_with_live_lease_is_not_due(store):
     assert store.next_due_at(exclude={s["id"]}) is None
     assert store.release(q["id"], qc.lock_token)
     assert [j["name"] for j in store.due_jobs(at, 10)] == ["q", "s"]
+    assert store.next_due_at(exclude={s["id"]}) == NOW + dt.timedelta(seconds=1)
 
 
-def test_queue_job_due_again_once_lease_expired(store):
+def test_queue_job_due_again_once_lease_expired(any_store):
+    store = any_store
+    _register(store)
     q = add_job(store, "q", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
-    _claim(store, q, next_run_at=NOW + dt.timedelta(seconds=1), lease_s=0.05)
+    claim = _claim(store, q, next_run_at=NOW + dt.timedelta(seconds=1), lease_s=LONG)
+    assert store.due_jobs(NOW + dt.timedelta(minutes=1), 10) == []
+    assert store.extend(q["id"], claim.lock_token, SHORT, claim.run_id, NOW)
     _wait_lease_expired(store, "q")
+    assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(minutes=1), 10)] == ["q"]
+
+
+def test_queue_job_due_again_once_holder_supervisor_dies(any_store):
+    store = any_store
+    _register(store, "q:1")
+    q = add_job(store, "q", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
+    _claim(store, q, instance="q:1", next_run_at=NOW + dt.timedelta(seconds=1), lease_s=LONG)
+    assert store.due_jobs(NOW + dt.timedelta(minutes=1), 10) == []
+    assert store.next_due_at() is None
+    _kill_holder(store, "expired", "q:1")
+    assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(minutes=1), 10)] == ["q"]
+    assert store.next_due_at() == NOW + dt.timedelta(seconds=1)
+
+
+def test_queue_now_makes_the_pending_occurrence_due_now(any_store):
+    store = any_store
+    later = NOW + dt.timedelta(hours=1)
+    q = add_job(store, "q", "ok", now=NOW, next_run_at=later, concurrency_mode="Queue")
+    stale = store.get_job("q")
+    assert store.due_jobs(NOW, 10) == []
+    at = NOW + dt.timedelta(seconds=5)
+    assert store.queue_now(q["id"], at) is True
+    row = store.get_job("q")
+    assert row["next_run_at"] == at and row["updated_at"] == at
+    assert [j["name"] for j in store.due_jobs(at, 10)] == ["q"]
+    assert store.queue_now(q["id"], at) is False  # already due: nothing written
+    assert store.queue_now(q["id"], at + dt.timedelta(seconds=1)) is False
+    assert store.get_job("q")["next_run_at"] == at
+    # a claim that read next_run_at before queue_now loses the compare-and-set
+    assert _claim(store, stale) is None
+    assert _claim(store, store.get_job("q"), next_run_at=later) is not None
+
+
+def test_queue_now_on_unscheduled_or_missing_job(any_store):
+    store = any_store
+    add_job(store, "q", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
+    job_id = store.get_job("q")["id"]
+    assert store.set_next_run_at(job_id, NOW, None, NOW)
+    assert store.queue_now(job_id, NOW) is True
+    assert store.get_job("q")["next_run_at"] == NOW
+    assert store.queue_now(job_id + 1000, NOW) is False
+
+
+def test_queue_now_while_lease_is_live_waits_for_the_lease(any_store):
+    store = any_store
+    _register(store)
+    q = add_job(store, "q", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Queue")
+    claim = _claim(store, q)
+    assert store.queue_now(q["id"], NOW + dt.timedelta(seconds=1)) is True
+    assert store.due_jobs(NOW + dt.timedelta(minutes=1), 10) == []  # queued behind the live lease
+    assert _finish(store, claim, q["id"])
     assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(minutes=1), 10)] == ["q"]
 
 
 # -- set_next_run_at -----------------------------------------------------------------------------------
 
 
-def test_set_next_run_at_is_compare_and_set(store):
+def test_set_next_run_at_is_compare_and_set(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     t1 = NOW + dt.timedelta(hours=1)
     assert store.set_next_run_at(job["id"], NOW - dt.timedelta(seconds=1), t1, NOW) is False
@@ -441,7 +999,8 @@ def test_set_next_run_at_is_compare_and_set(store):
     assert store.get_job("j")["skipped_count"] == 0
 
 
-def test_set_next_run_at_counts_skips_and_sets_status(store):
+def test_set_next_run_at_counts_skips_and_sets_status(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     t1, t2 = NOW + dt.timedelta(hours=1), NOW + dt.timedelta(hours=2)
     assert store.set_next_run_at(job["id"], NOW, t1, NOW, skipped=True)
@@ -455,22 +1014,35 @@ def test_set_next_run_at_counts_skips_and_sets_status(store):
     assert store.get_job("j")["next_run_at"] == t1
 
 
+def test_microsecond_datetimes_round_trip(any_store):
+    store = any_store
+    t = NOW + dt.timedelta(microseconds=123457)
+    add_job(store, "j", "ok", now=NOW, next_run_at=t)
+    assert store.get_job("j")["next_run_at"] == t
+    assert store.due_jobs(t - dt.timedelta(microseconds=1), 10) == []
+    assert [j["name"] for j in store.due_jobs(t, 10)] == ["j"]
+
+
 # -- races between processes' stores -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("take_lease", [True, False])
-def test_racing_claims_from_separate_stores_exactly_one_wins(store, db_url, take_lease):
+def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, backend_url, take_lease):
+    store = any_store
     add_job(store, "race", "ok", now=NOW, next_run_at=NOW,
             concurrency_mode="Skip" if take_lease else "Concurrent")
     job = store.get_job("race")
     n = 8
+    for i in range(n):
+        _register(store, f"inst-{i}")
     barrier = threading.Barrier(n, timeout=20)
     results: list = [None] * n
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        own = Store.open(db_url)
+        own = Store.open(backend_url)
         try:
+            own.db_now()  # connect before the barrier, so the claims really race
             barrier.wait()
             results[i] = _claim(own, job, instance=f"inst-{i}", take_lease=take_lease)
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -488,28 +1060,69 @@ def test_racing_claims_from_separate_stores_exactly_one_wins(store, db_url, take
     winners = [(i, r) for i, r in enumerate(results) if r is not None]
     assert len(winners) == 1
     i, claim = winners[0]
-    assert len(store.list_runs(job_name="race")) == 1
+    assert [r["id"] for r in store.list_runs(job_name="race")] == [claim.run_id]
     row = store.get_job("race")
     assert row["next_run_at"] == NOW + dt.timedelta(hours=1)
     if take_lease:
         assert row["lock_token"] == claim.lock_token
         assert row["locked_by_instance"] == f"inst-{i}"
+    else:
+        assert row["lock_token"] is None
+
+
+def test_racing_claims_of_a_new_occurrence_while_lease_is_live_all_lose(any_store, backend_url):
+    """N stores race for the next occurrence of a job whose lease a live supervisor holds: none wins."""
+    store = any_store
+    _register(store, "holder:0")
+    add_job(store, "race", "ok", now=NOW, next_run_at=NOW)
+    assert _claim(store, store.get_job("race"), instance="holder:0") is not None
+    job = store.get_job("race")
+    n = 6
+    barrier = threading.Barrier(n, timeout=20)
+    results: list = ["not run"] * n
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        own = Store.open(backend_url)
+        try:
+            own.db_now()
+            barrier.wait()
+            results[i] = _claim(own, job, instance=f"inst-{i}")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a claiming thread did not finish"
+    assert errors == []
+    assert results == [None] * n
+    assert store.get_job("race")["locked_by_instance"] == "holder:0"
+    assert len(store.list_runs(job_name="race")) == 1
 
 
 # -- schema and job management -------------------------------------------------------------------------
 
 
-def test_schema_creates_indexes(store):
+def test_schema_creates_tables_and_indexes(any_store):
+    store = any_store
     inspector = sa.inspect(store.engine)
-    assert set(inspector.get_table_names()) >= {"jobs", "runs"}
+    assert set(inspector.get_table_names()) >= {"jobs", "runs", "supervisors"}
     job_indexes = {ix["name"]: ix["column_names"] for ix in inspector.get_indexes("jobs")}
     run_indexes = {ix["name"]: ix["column_names"] for ix in inspector.get_indexes("runs")}
     assert job_indexes["ix_jobs_status_next_run_at"] == ["status", "next_run_at"]
     assert run_indexes["ix_runs_job_id_started_at"] == ["job_id", "started_at"]
     assert run_indexes["ix_runs_status"] == ["status"]
-    # the unique job name is enforced by the schema
-    uniques = [u["column_names"] for u in inspector.get_unique_constraints("jobs")]
-    assert ["name"] in uniques
+    # the unique job name and the unique occurrence are enforced by the schema
+    assert ["name"] in [u["column_names"] for u in inspector.get_unique_constraints("jobs")]
+    run_uniques = {u["name"]: u["column_names"] for u in inspector.get_unique_constraints("runs")}
+    run_uniques.update({ix["name"]: ix["column_names"] for ix in inspector.get_indexes("runs") if ix["unique"]})
+    assert run_uniques["uq_runs_job_id_scheduled_at"] == ["job_id", "scheduled_at"]
+    assert inspector.get_pk_constraint("supervisors")["constrained_columns"] == ["instance"]
 
 
 def test_sqlite_file_is_in_wal_mode(store, db_url):
@@ -525,26 +1138,60 @@ def test_sqlite_file_is_in_wal_mode(store, db_url):
         other.close()
 
 
-def test_schema_check_constraints_reject_bad_status(store):
-    """The CHECK constraint itself (raw SQL, bypassing Store.add_job)."""
-    with pytest.raises(sa.exc.IntegrityError):
+def test_schema_creation_is_idempotent(any_store, backend_url):
+    store = any_store
+    add_job(store, "kept", "ok", now=NOW)
+    again = Store.open(backend_url)  # create_all on an existing schema
+    try:
+        assert [j["name"] for j in again.list_jobs()] == ["kept"]
+    finally:
+        again.close()
+
+
+def test_schema_check_constraints_reject_bad_status(any_store):
+    """The CHECK constraint itself (raw SQL, bypassing Store.add_job). PyMySQL reports MariaDB's CHECK
+    violations (error 4025) as OperationalError, the others as IntegrityError."""
+    store = any_store
+    with pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError), match="ck_status"):
         with store.engine.begin() as conn:
             conn.execute(jobs.insert().values(name="bad", job_type="ok", cron_expression="* * * * *",
                                               status="Bogus", created_at=NOW, updated_at=NOW))
+    assert store.list_jobs() == []
+
+
+def test_runs_foreign_key_is_enforced(any_store):
+    store = any_store
+    with pytest.raises(sa.exc.IntegrityError):
+        with store.engine.begin() as conn:
+            conn.execute(runs.insert().values(job_id=424242, scheduled_at=NOW, started_at=NOW, status="Running"))
 
 
 @pytest.mark.parametrize("values", [
     {"status": "Bogus"},
     {"concurrency_mode": "Sometimes"},
 ])
-def test_add_job_constraint_violation_is_not_reported_as_duplicate_name(store, values):
+def test_add_job_constraint_violation_is_not_reported_as_duplicate_name(any_store, values):
+    store = any_store
     with pytest.raises(Exception) as info:
         store.add_job({"name": "fresh", "job_type": "ok", "cron_expression": "* * * * *", **values}, NOW)
     assert store.list_jobs() == []
     assert "already exists" not in str(info.value), f"misleading error: {info.value}"
 
 
-def test_add_job_duplicate_name_raises_input_error(store):
+@pytest.mark.parametrize("values", [
+    {"status": "Bogus"},
+    {"concurrency_mode": "Sometimes"},
+])
+def test_add_job_constraint_violation_is_an_input_error_on_every_backend(any_store, values):
+    store = any_store
+    with pytest.raises(InputError) as info:
+        store.add_job({"name": "fresh", "job_type": "ok", "cron_expression": "* * * * *", **values}, NOW)
+    assert info.value.field == "job"
+    assert store.list_jobs() == []
+
+
+def test_add_job_duplicate_name_raises_input_error(any_store):
+    store = any_store
     add_job(store, "dup", "ok", now=NOW)
     with pytest.raises(InputError) as info:
         add_job(store, "dup", "fail", now=NOW)
@@ -553,7 +1200,8 @@ def test_add_job_duplicate_name_raises_input_error(store):
     assert len(store.list_jobs()) == 1
 
 
-def test_add_job_serialises_configuration_and_defaults(store):
+def test_add_job_serialises_configuration_and_defaults(any_store):
+    store = any_store
     store.add_job({"name": "c", "job_type": "ok", "cron_expression": "* * * * *",
                    "configuration": {"seconds": 1.5}}, NOW)
     row = store.get_job("c")
@@ -562,17 +1210,29 @@ def test_add_job_serialises_configuration_and_defaults(store):
     assert row["timezone"] == "UTC"
     assert row["concurrency_mode"] == "Skip"
     assert (row["run_count"], row["skipped_count"]) == (0, 0)
+    assert row["run_immediately_if_never_run"] is False and row["notify_on_failure"] is True
     assert row["created_at"] == NOW and row["updated_at"] == NOW
     assert row["created_at"].tzinfo is not None
 
 
-def test_store_rejects_naive_datetimes(store):
+def test_update_job_changes_columns_and_updated_at(any_store):
+    store = any_store
+    add_job(store, "u", "ok", now=NOW)
+    later = NOW + dt.timedelta(minutes=1)
+    store.update_job("u", {"description": "new", "configuration": {"a": 1}}, later)
+    row = store.get_job("u")
+    assert (row["description"], row["configuration"], row["updated_at"]) == ("new", '{"a": 1}', later)
+    assert row["created_at"] == NOW
+
+
+def test_store_rejects_naive_datetimes(any_store):
     with pytest.raises(sa.exc.StatementError):
-        store.add_job({"name": "n", "job_type": "ok", "cron_expression": "* * * * *",
-                       "next_run_at": dt.datetime(2030, 1, 1)}, NOW)
+        any_store.add_job({"name": "n", "job_type": "ok", "cron_expression": "* * * * *",
+                           "next_run_at": dt.datetime(2030, 1, 1)}, NOW)
 
 
-def test_missing_job_and_run_raise_not_found(store):
+def test_missing_job_and_run_raise_not_found(any_store):
+    store = any_store
     with pytest.raises(NotFoundError) as info:
         store.get_job("nope")
     assert info.value.field == "name"
@@ -589,10 +1249,12 @@ def test_missing_job_and_run_raise_not_found(store):
     assert store.get_job_by_id(12345) is None
 
 
-def test_remove_job_deletes_its_runs(store):
+def test_remove_job_deletes_its_runs(any_store):
+    store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     _finish(store, claim, job["id"])
+    _claim(store, store.get_job("j"), take_lease=False)  # and a Running one
     store.remove_job("j")
     assert store.list_jobs() == []
     with store.engine.connect() as conn:
@@ -600,7 +1262,24 @@ def test_remove_job_deletes_its_runs(store):
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0
 
 
-def test_db_now_is_aware_utc_and_close_to_wall_clock(store):
+def test_list_runs_newest_first_filtered_and_limited(any_store):
+    store = any_store
+    a = add_job(store, "a", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
+    b = add_job(store, "b", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
+    ra1 = _claim(store, a, take_lease=False)
+    rb = _claim(store, b, take_lease=False)
+    ra2 = _claim(store, store.get_job("a"), take_lease=False)
+    assert _finish(store, ra1, a["id"])
+    assert [r["id"] for r in store.list_runs()] == [ra2.run_id, rb.run_id, ra1.run_id]
+    assert [r["id"] for r in store.list_runs(job_name="a")] == [ra2.run_id, ra1.run_id]
+    assert [r["id"] for r in store.list_runs(status="Running")] == [ra2.run_id, rb.run_id]
+    assert [r["id"] for r in store.list_runs(limit=1)] == [ra2.run_id]
+    assert {r["job_name"] for r in store.list_runs()} == {"a", "b"}
+
+
+def test_db_now_is_aware_utc_close_to_wall_clock_and_advancing(any_store):
+    store = any_store
     now = store.db_now()
     assert now.tzinfo is not None and now.utcoffset() == dt.timedelta(0)
     assert abs((now - dt.datetime.now(UTC)).total_seconds()) < 5
+    assert _wait_db_past(store, now) > now  # not frozen (e.g. at a transaction's start)

@@ -175,7 +175,7 @@ def test_orphaned_run_of_a_dead_supervisor_is_abandoned(store, driver_factory, d
 
 
 def test_status_window_and_run_immediately(store, driver_factory):
-    d = driver_factory(sweep_interval_s=0.2)
+    d = driver_factory(rescan_interval_s=0.2)
     now = utcnow()
     add_job(store, "paused", "ok", "* * * * * *", status="Paused")
     add_job(store, "later", "ok", "* * * * * *", start_at=now + dt.timedelta(days=1))

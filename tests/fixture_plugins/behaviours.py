@@ -107,7 +107,8 @@ class Hang(BaseScheduledJob):
         if cfg.marker_dir:
             Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild").write_text(str(grandchild.pid))
         _mark(context)
-        print(f"hang: run {context.run_id} grandchild {grandchild.pid}", flush=True)  # for tests reading the log
+        # one write, so the line is not interleaved with the supervisor's log on a shared pipe
+        os.write(1, f"hang: run {context.run_id} grandchild {grandchild.pid}\n".encode())
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # only SIGKILL will do
         while True:
             time.sleep(3600)

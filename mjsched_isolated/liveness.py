@@ -1,0 +1,99 @@
+"""This supervisor's liveness lease: its row in ``supervisors``, renewed on a short period.
+
+"The lease says my supervisor is alive; the run deadline says this run may still go on" (issue 3): the
+two are kept apart. Every job lease and run of a supervisor is live only while its row's
+``lease_expires_at`` is in the future by the **database** clock, so one statement renews all of them.
+
+Fencing: the lease is counted as valid locally only until ``FENCE_FRACTION`` of the TTL after the
+*start* of the last successful renewal (monotonic clock). The database's expiry is at least a whole TTL
+after that start, so a supervisor that cannot renew stops its own runs before anyone else may take them.
+The renewal also measures the database clock's offset from the local one, so scheduling decisions use
+database time even on a machine whose clock is wrong.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import time
+from typing import Callable
+
+from .store import Store
+
+log = logging.getLogger("mjsched.liveness")
+
+FENCE_FRACTION = 0.8
+RETRY_S = 1.0
+
+
+class Liveness:
+    """``ttl_s``: lease length; ``renew_interval_s``: period of renewals. ``local_clock`` returns the local
+    wall time (aware UTC); it is the outer loop's clock, injected so tests can skew it."""
+
+    def __init__(self, store: Store, instance: str, ttl_s: float, renew_interval_s: float,
+                 local_clock: Callable[[], dt.datetime]) -> None:
+        self.store = store
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self.renew_interval_s = renew_interval_s
+        self.local_clock = local_clock
+        self.registered = False
+        self.valid_until = float("-inf")  # monotonic
+        self.next_renew = 0.0  # monotonic
+        self.db_offset = dt.timedelta(0)
+        self.failing_since: float | None = None
+
+    def valid(self, mono: float) -> bool:
+        """May this supervisor still act on its leases (claim, run, record)?"""
+        return mono < self.valid_until
+
+    def due(self, mono: float) -> bool:
+        return mono >= self.next_renew
+
+    def maintain(self, mono: float) -> bool:
+        """Register or renew if due. True if a renewal succeeded in this call."""
+        if not self.due(mono):
+            return False
+        started, local_before = time.monotonic(), self.local_clock()
+        try:
+            if self.registered:
+                db_now = self.store.renew_supervisor(self.instance, self.ttl_s)
+                if db_now is None:
+                    log.error("supervisor %s: its row was removed or stopped by someone else; registering again "
+                              "(its runs may have been abandoned meanwhile)", self.instance)
+            else:
+                db_now = None
+            if db_now is None:
+                db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
+                self.registered = True
+        except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
+            if self.failing_since is None:
+                self.failing_since = mono
+                log.warning("supervisor %s: lease renewal failed (%s); retrying every %.0f s, fencing in %.1f s",
+                            self.instance, _short(exc), RETRY_S, max(0.0, self.valid_until - mono))
+            self.next_renew = mono + RETRY_S
+            return False
+        elapsed = time.monotonic() - started
+        self.db_offset = db_now - (local_before + dt.timedelta(seconds=elapsed / 2))
+        self.valid_until = started + self.ttl_s * FENCE_FRACTION
+        self.next_renew = started + self.renew_interval_s
+        if self.failing_since is not None:
+            log.warning("supervisor %s: lease renewed again after %.1f s", self.instance, mono - self.failing_since)
+            self.failing_since = None
+        return True
+
+    def stop(self) -> None:
+        """End the lease now (clean shutdown), so other supervisors need not wait for it."""
+        if not self.registered:
+            return
+        try:
+            self.store.stop_supervisor(self.instance)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("supervisor %s: could not mark itself stopped (%s); its lease will expire", self.instance,
+                        _short(exc))
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
