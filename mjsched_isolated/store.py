@@ -14,6 +14,8 @@ judged by its row count**, never read-then-write, and expiry is judged by the **
 * :meth:`Store.finish_run` - terminal run row, then statistics (which never touch lease columns), then a
   token-checked release, in one transaction.
 
+Run timestamps (``started_at``, ``completed_at``, ``last_run_at``) are written by the database clock, so
+the records of every supervisor share one time base and follow the order in which leases serialised them.
 Rows are returned as plain dicts keyed by column name. All datetimes are aware UTC.
 """
 
@@ -96,12 +98,10 @@ class Store:
 
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
-        with self.engine.begin() as conn:
-            job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar()
-            if job_id is None:
+        with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
+            conn.execute(runs.delete().where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
+            if conn.execute(jobs.delete().where(jobs.c.name == name)).rowcount != 1:
                 raise NotFoundError("name", f"no job named {name!r}")
-            conn.execute(runs.delete().where(runs.c.job_id == job_id))
-            conn.execute(jobs.delete().where(jobs.c.id == job_id))
 
     def get_job(self, name: str) -> Row:
         """Job ``name`` as a dict. Raises :class:`NotFoundError`."""
@@ -208,7 +208,7 @@ class Store:
                     conn.rollback()
                     return None
                 run_id = conn.execute(runs.insert().values(
-                    job_id=job["id"], scheduled_at=scheduled_at, started_at=now, status="Running",
+                    job_id=job["id"], scheduled_at=scheduled_at, started_at=schema.db_now(self.dialect), status="Running",
                     executed_by_instance=instance, lock_token=token, deadline_at=deadline_at, queued_at=queued_at,
                 )).inserted_primary_key[0]
         except sa.exc.IntegrityError:  # the unique index caught a second run of one occurrence
@@ -239,19 +239,19 @@ class Store:
     # -- runs --------------------------------------------------------------------------------------
     def finish_run(self, run_id: int, job_id: int, token: str | None, *, status: str, success: bool | None,
                    error_message: str | None, details: dict | None, duration_ms: float | None,
-                   now: dt.datetime, count: bool = True) -> bool:
+                   count: bool = True) -> bool:
         """Record a run's terminal state, update the job's statistics (if ``count``) and release its
         lease, in one transaction. Only a run still ``Running`` is finished; returns False otherwise
         (e.g. it was abandoned meanwhile), and then touches nothing else."""
         with self.engine.begin() as conn:
             done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "Running").values(
-                status=status, success=success, error_message=error_message, completed_at=now,
+                status=status, success=success, error_message=error_message, completed_at=schema.db_now(self.dialect),
                 details=None if details is None else json.dumps(details), duration_ms=duration_ms,
             )).rowcount == 1
             if not done:
                 return False
             if count:
-                conn.execute(_stats_stmt(job_id, bool(success), duration_ms, now))
+                conn.execute(_stats_stmt(job_id, bool(success), duration_ms, schema.db_now(self.dialect)))
             if token is not None:
                 conn.execute(_release_stmt(job_id, token))
         return True
@@ -263,29 +263,34 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
-    def abandon_orphaned_runs(self, now: dt.datetime, exclude_run_ids: set[int] = frozenset()) -> list[Row]:
+    def abandon_orphaned_runs(self, exclude_run_ids: set[int] = frozenset()) -> list[Row]:
         """Mark Failed every Running run whose supervisor is gone (its ``supervisors`` row expired by the DB
         clock, or missing), count it as a failure and free its job lease (token-checked).
         ``exclude_run_ids``: runs the caller itself supervises. Returns the abandoned runs."""
-        orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"))
+        orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"),
+                              schema.db_now(self.dialect).label("db_now"))
                     .outerjoin(supervisors, supervisors.c.instance == runs.c.executed_by_instance)
                     .where(runs.c.status == "Running", sa.not_(self._holder_alive(runs.c.executed_by_instance))))
         if exclude_run_ids:
             orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
+        with self.engine.connect() as conn:
+            orphans = conn.execute(orphan_q).mappings().all()
         abandoned = []
-        with self.engine.begin() as conn:
-            for run in conn.execute(orphan_q).mappings().all():
-                expired = run["holder_expired_at"]
-                message = (f"abandoned: supervisor {run['executed_by_instance']} stopped renewing its lease "
-                           f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
-                           f"the run (started {run['started_at'].isoformat()}) was in flight")
-                if conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == "Running").values(
-                        status="Failed", success=False, completed_at=now, error_message=message)).rowcount:
-                    duration_ms = max(0.0, (now - run["started_at"]).total_seconds() * 1000)
-                    conn.execute(_stats_stmt(run["job_id"], False, duration_ms, now))
-                    if run["lock_token"] is not None:
-                        conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
-                    abandoned.append({**run, "error_message": message})
+        for run in orphans:  # one short write transaction each, guarded by status = 'Running'
+            expired = run["holder_expired_at"]
+            message = (f"abandoned: supervisor {run['executed_by_instance']} stopped renewing its lease "
+                       f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
+                       f"the run (started {run['started_at'].isoformat()}) was in flight")
+            with self.engine.begin() as conn:
+                if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == "Running").values(
+                        status="Failed", success=False, completed_at=schema.db_now(self.dialect),
+                        error_message=message)).rowcount:
+                    continue
+                duration_ms = max(0.0, (run["db_now"] - run["started_at"]).total_seconds() * 1000)
+                conn.execute(_stats_stmt(run["job_id"], False, duration_ms, schema.db_now(self.dialect)))
+                if run["lock_token"] is not None:
+                    conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
+            abandoned.append({**run, "error_message": message})
         return abandoned
 
     # -- supervisors (liveness leases) ---------------------------------------------------------------
@@ -375,7 +380,7 @@ def _release_stmt(job_id: int, token: str):
         lock_token=None, locked_at=None, locked_by_instance=None, expected_completion_at=None)
 
 
-def _stats_stmt(job_id: int, success: bool, duration_ms: float | None, now: dt.datetime):
+def _stats_stmt(job_id: int, success: bool, duration_ms: float | None, completed_at: Any):
     """Counts, last_run_at and durations; never a lease column. The running average is assigned before
     ``run_count`` (MySQL evaluates SET left to right with updated values)."""
     pairs: list[tuple[Any, Any]] = []
@@ -388,7 +393,7 @@ def _stats_stmt(job_id: int, success: bool, duration_ms: float | None, now: dt.d
         (jobs.c.run_count, jobs.c.run_count + 1),
         (jobs.c.success_count, jobs.c.success_count + (1 if success else 0)),
         (jobs.c.failure_count, jobs.c.failure_count + (0 if success else 1)),
-        (jobs.c.last_run_at, now),
+        (jobs.c.last_run_at, completed_at),
     ]
     return jobs.update().where(jobs.c.id == job_id).ordered_values(*pairs)
 

@@ -188,7 +188,7 @@ class Supervisor:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
-        for run in self.store.abandon_orphaned_runs(now, exclude_run_ids=set(self.inflight)):
+        for run in self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight)):
             log.error("run %d of job %d marked Failed: %s", run["id"], run["job_id"], run["error_message"])
         for job in self.store.unscheduled_active_jobs():
             if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
@@ -420,7 +420,7 @@ class Supervisor:
         """Write the run's terminal state, the job's statistics and the lease release (one transaction).
         ``duration_ms`` is the run row's ``completed_at - started_at``, as in the reference."""
         outcome = dict(status=status, success=success, error_message=error_message, details=details, count=count,
-                       duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000), now=now)
+                       duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000))
         if not self._store_outcome(flight, outcome):
             self.pending.append((flight, outcome))
             log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",

@@ -51,7 +51,7 @@ def _finish(store: Store, claim: Claim, job_id: int, *, success: bool = True, du
     return store.finish_run(
         claim.run_id, job_id, claim.lock_token if token == "from-claim" else token,
         status=status or ("Completed" if success else "Failed"), success=success,
-        error_message=None if success else "went wrong", details={"k": 1}, duration_ms=duration_ms, now=now)
+        error_message=None if success else "went wrong", details={"k": 1}, duration_ms=duration_ms)
 
 
 def _wait_db_past(store: Store, when: dt.datetime, timeout_s: float = 5.0) -> dt.datetime:
@@ -127,7 +127,7 @@ def test_claim_takes_lease_and_inserts_running_run(any_store):
     assert run["lock_token"] == claim.lock_token
     assert run["executed_by_instance"] == "host-a:42"
     assert run["scheduled_at"] == NOW
-    assert run["started_at"] == NOW
+    assert before - dt.timedelta(seconds=1) <= run["started_at"] <= store.db_now()  # database clock
     assert run["deadline_at"] == NOW + dt.timedelta(minutes=5)
     assert run["job_name"] == "j"
 
@@ -416,21 +416,20 @@ def test_finish_run_records_terminal_state_and_releases_lease(any_store):
     _register(store)
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
-    done_at = NOW + dt.timedelta(seconds=2)
     assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Failed", success=False,
                             error_message="went wrong", details={"why": ["x", 1]}, duration_ms=1234.5,
-                            now=done_at) is True
+                            ) is True
     run = store.get_run(claim.run_id)
     assert run["status"] == "Failed"
     assert run["success"] is False
     assert run["error_message"] == "went wrong"
     assert run["details"] == {"why": ["x", 1]}
     assert run["duration_ms"] == 1234.5
-    assert run["completed_at"] == done_at
+    assert abs(run["completed_at"] - store.db_now()) < dt.timedelta(seconds=5)  # database clock
     row = store.get_job("j")
     assert all(row[c] is None for c in LEASE_COLUMNS)
     assert (row["run_count"], row["success_count"], row["failure_count"]) == (1, 0, 1)
-    assert row["last_run_at"] == done_at
+    assert row["last_run_at"] is not None and abs(row["last_run_at"] - store.db_now()) < dt.timedelta(seconds=5)
     assert row["last_duration_ms"] == 1234.5
     assert row["avg_duration_ms"] == 1234.5
 
@@ -450,7 +449,8 @@ def test_finish_run_statistics_over_three_runs(any_store):
     assert row["run_count"] == 3
     assert row["success_count"] == 2
     assert row["failure_count"] == 1
-    assert row["last_run_at"] == NOW + dt.timedelta(minutes=2)
+    last_run = store.list_runs(job_name="j", limit=1)[0]
+    assert row["last_run_at"] is not None and abs(row["last_run_at"] - last_run["completed_at"]) < dt.timedelta(seconds=1)
     assert row["last_duration_ms"] == 600.0
     assert row["avg_duration_ms"] == pytest.approx(300.0)
     assert row["lock_token"] is None
@@ -475,7 +475,7 @@ def test_finish_run_count_false_leaves_statistics(any_store):
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job)
     assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Cancelled", success=None,
-                            error_message="cancelled", details=None, duration_ms=5.0, now=NOW, count=False)
+                            error_message="cancelled", details=None, duration_ms=5.0, count=False)
     row = store.get_job("j")
     assert (row["run_count"], row["success_count"], row["failure_count"]) == (0, 0, 0)
     assert row["last_run_at"] is None and row["avg_duration_ms"] is None
@@ -548,27 +548,28 @@ def test_abandon_orphaned_runs_fails_runs_of_a_dead_supervisor(any_store, how):
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job, instance=instance, lease_s=LONG)  # deadline NOW + 5 min, lease 10 min
     _kill_holder(store, how, instance)
-    assert store.abandon_orphaned_runs(NOW, exclude_run_ids={claim.run_id}) == []
+    assert store.abandon_orphaned_runs(exclude_run_ids={claim.run_id}) == []
     assert store.get_run(claim.run_id)["status"] == "Running"
     assert store.get_job("j")["lock_token"] == claim.lock_token
 
-    later = NOW + dt.timedelta(seconds=3)
-    abandoned = store.abandon_orphaned_runs(later)
+    abandoned = store.abandon_orphaned_runs()
     assert [r["id"] for r in abandoned] == [claim.run_id]
     assert instance in abandoned[0]["error_message"]
     run = store.get_run(claim.run_id)
     assert run["status"] == "Failed"
     assert run["success"] is False
-    assert run["completed_at"] == later
+    assert abs(run["completed_at"] - store.db_now()) < dt.timedelta(seconds=5)  # database clock
     assert instance in run["error_message"]
     row = store.get_job("j")
     assert all(row[c] is None for c in LEASE_COLUMNS)
     assert (row["run_count"], row["success_count"], row["failure_count"]) == (1, 0, 1)
-    assert row["last_run_at"] == later
-    assert row["last_duration_ms"] == pytest.approx(3000.0)
+    assert abs(row["last_run_at"] - run["completed_at"]) < dt.timedelta(seconds=1)
+    # the duration is measured on the database clock, from the run's start to its abandonment
+    assert row["last_duration_ms"] == pytest.approx((run["completed_at"] - run["started_at"]).total_seconds() * 1000,
+                                                    abs=50)
     # the late finish of the abandoned run is refused, and a second sweep finds nothing
     assert _finish(store, claim, job["id"]) is False
-    assert store.abandon_orphaned_runs(later) == []
+    assert store.abandon_orphaned_runs() == []
     assert store.get_job("j")["failure_count"] == 1
 
 
@@ -576,7 +577,7 @@ def test_abandon_orphaned_runs_leaseless_run_of_dead_supervisor(any_store):
     store = any_store
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
     claim = _claim(store, job, take_lease=False, instance="x:1")  # deadline NOW + 5 min, far ahead
-    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(seconds=1))
+    abandoned = store.abandon_orphaned_runs()
     assert [r["id"] for r in abandoned] == [claim.run_id]
     assert "x:1" in abandoned[0]["error_message"]
     assert store.get_run(claim.run_id)["status"] == "Failed"
@@ -593,14 +594,14 @@ def test_abandon_orphaned_runs_spares_runs_of_a_live_supervisor(any_store):
     conc = add_job(store, "c", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
     leaseless = _claim(store, conc, instance="alive:1", take_lease=False)  # deadline NOW + 5 min
     _wait_lease_expired(store, "j")
-    assert store.abandon_orphaned_runs(NOW + dt.timedelta(days=1)) == []  # deadlines long past by `now`
+    assert store.abandon_orphaned_runs() == []  # deadlines long past by `now`
     assert store.get_run(expired.run_id)["status"] == "Running"
     assert store.get_run(leaseless.run_id)["status"] == "Running"
     assert store.get_job("j")["lock_token"] == expired.lock_token
     assert store.get_job("j")["failure_count"] == 0
     # the very same runs are abandoned once their supervisor stops
     _stop(store, "alive:1")
-    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(days=1))
+    abandoned = store.abandon_orphaned_runs()
     assert sorted(r["id"] for r in abandoned) == sorted([expired.run_id, leaseless.run_id])
 
 
@@ -611,7 +612,7 @@ def test_abandon_orphaned_runs_spares_runs_once_supervisor_renewed(any_store):
     claim = _claim(store, add_job(store, "j", "ok", now=NOW, next_run_at=NOW), instance="s:1")
     _wait_supervisor_expired(store, "s:1")
     assert store.renew_supervisor("s:1", LONG) is not None
-    assert store.abandon_orphaned_runs(NOW) == []
+    assert store.abandon_orphaned_runs() == []
     assert store.get_run(claim.run_id)["status"] == "Running"
 
 
@@ -624,7 +625,7 @@ def test_abandon_only_dead_supervisors_runs_among_many(any_store):
     for inst in ("alive:1", "stopped:2", "unknown:3"):
         job = add_job(store, f"j-{inst}", "ok", now=NOW, next_run_at=NOW)
         claims[inst] = _claim(store, job, instance=inst)
-    abandoned = store.abandon_orphaned_runs(NOW, exclude_run_ids={claims["unknown:3"].run_id})
+    abandoned = store.abandon_orphaned_runs(exclude_run_ids={claims["unknown:3"].run_id})
     assert [r["id"] for r in abandoned] == [claims["stopped:2"].run_id]
     assert {r["executed_by_instance"] for r in store.running_runs()} == {"alive:1", "unknown:3"}
     assert store.running_runs("alive:1")[0]["id"] == claims["alive:1"].run_id
@@ -641,7 +642,7 @@ def test_abandon_run_whose_lease_was_taken_over_keeps_new_holders_lease(any_stor
     assert b is not None
     held = store.get_job("j")
     # a sweep (even without excluding B's run): A's run is abandoned, B's run and lease are untouched
-    abandoned = store.abandon_orphaned_runs(NOW + dt.timedelta(seconds=1))
+    abandoned = store.abandon_orphaned_runs()
     assert [r["id"] for r in abandoned] == [a.run_id]
     assert "a:1" in abandoned[0]["error_message"]
     after = store.get_job("j")
@@ -716,7 +717,7 @@ def test_supervisor_is_alive_while_its_lease_is_in_the_future(frozen):
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     claim = _claim(store, job, instance="a")
     assert _claim(store, store.get_job("j"), instance="b") is None
-    assert store.abandon_orphaned_runs(NOW) == []
+    assert store.abandon_orphaned_runs() == []
     assert store.held_runs({claim.run_id}) == {claim.run_id}
 
 
@@ -733,7 +734,7 @@ def test_stopped_supervisor_is_dead_at_the_same_clock_reading(frozen, then):
     assert row["stopped_at"] is not None
     assert row["lease_expires_at"] == store.db_now()  # the same clock reading
     if then == "sweep":
-        assert [r["id"] for r in store.abandon_orphaned_runs(NOW)] == [first.run_id]
+        assert [r["id"] for r in store.abandon_orphaned_runs()] == [first.run_id]
     else:
         assert _claim(store, store.get_job("j"), instance="b") is not None
 
@@ -842,7 +843,7 @@ def test_held_runs_keeps_only_running_runs_still_carrying_their_lease(any_store)
     assert store.held_runs(everything) == everything
     assert store.held_runs(everything | {987654}) == everything  # unknown ids are dropped
 
-    assert [r["id"] for r in store.abandon_orphaned_runs(NOW)] == [orphan.run_id]  # dead:3 never registered
+    assert [r["id"] for r in store.abandon_orphaned_runs()] == [orphan.run_id]  # dead:3 never registered
     _stop(store, "old:2")
     assert _claim(store, store.get_job("taken"), instance="me:1") is not None  # token changed
     assert store.release(store.get_job("released")["id"], released.lock_token)  # token cleared
