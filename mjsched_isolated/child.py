@@ -1,8 +1,12 @@
 """The worker child: a top-level entry point started with the *spawn* method, in its own session.
 
 It imports the plugins (the supervisor never does), says :class:`Ready`, then serves one request at a
-time until :class:`Stop` or end-of-pipe. It never touches the database. A watchdog thread kills the
-child's whole process group (plugin grandchildren included) as soon as its supervisor is gone.
+time until :class:`Stop` or end-of-pipe. It never touches the database. Between runs it restores the
+working directory, environment and umask a plugin may have changed.
+
+A watchdog *process* (forked before any plugin code runs, so a plugin holding the GIL cannot stall it)
+kills the worker's whole tree and process group as soon as the supervisor is gone, and exits by itself
+when the worker exits.
 """
 
 from __future__ import annotations
@@ -29,17 +33,21 @@ log = logging.getLogger("mjsched.child")
 
 PARENT_CHECK_INTERVAL_S = 0.1
 HEARTBEAT_MIN_GAP_S = 0.25  # the child never floods the pipe; the supervisor throttles for real
+MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the run row stays small
+MAX_ERROR_CHARS = 4000
 
 
-def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO) -> None:
+def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO,
+         import_timeout_s: float = 10.0) -> None:
     """Child entry point (picklable, plain arguments only)."""
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the supervisor's decision
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _start_watchdog(parent_pid)  # before any thread or plugin exists
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s")
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
-    registry = load_plugins(plugins_dir)  # failures travel in Ready; the supervisor logs them once
+    registry = load_plugins(plugins_dir, import_timeout_s)  # failures travel in Ready; the supervisor logs them
+    baseline = _State.capture()
     sender = _Sender(conn)
     sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures))
     while True:
@@ -52,7 +60,9 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
         if isinstance(message, protocol.ValidateRequest):
             sender.send(protocol.ValidateReply(error=validate(registry, message.job_type, message.configuration)))
         elif isinstance(message, protocol.RunRequest):
-            sender.send(run(registry, message, sender))
+            result = run(registry, message, sender)
+            baseline.restore()
+            sender.send(result)
 
 
 def validate(registry: Registry, job_type: str, configuration: str | None) -> str | None:
@@ -97,9 +107,10 @@ def run(registry: Registry, req: protocol.RunRequest, sender: "_Sender") -> prot
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tail = traceback.format_exc()[-4000:]
-        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=f"plugin raised {text}",
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=f"plugin raised {text}"[:MAX_ERROR_CHARS],
                                     details={"traceback": tail})
-    return protocol.RunFinished(run_id=req.run_id, success=bool(result.success), error_message=result.error_message,
+    error = None if result.error_message is None else str(result.error_message)[:MAX_ERROR_CHARS]
+    return protocol.RunFinished(run_id=req.run_id, success=result.success is True, error_message=error,
                                 details=_jsonable(result.details))
 
 
@@ -115,16 +126,56 @@ class _Sender:
             protocol.send(self._conn, message)
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Supervisor gone: kill every descendant (even those in sessions of their own), then our group."""
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_CHECK_INTERVAL_S)
-    for proc in psutil.Process().children(recursive=True):
+class _State:
+    """Process state a plugin may change and the next run must not inherit."""
+
+    def __init__(self, cwd: str, environ: dict[str, str], umask: int) -> None:
+        self.cwd, self.environ, self.umask = cwd, environ, umask
+
+    @classmethod
+    def capture(cls) -> "_State":
+        umask = os.umask(0)
+        os.umask(umask)
+        return cls(os.getcwd(), dict(os.environ), umask)
+
+    def restore(self) -> None:
         try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+            os.chdir(self.cwd)
+        except OSError:
+            log.warning("could not return to %s after the run", self.cwd)
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        os.umask(self.umask)
+
+
+def _start_watchdog(supervisor_pid: int) -> None:
+    """Fork the watchdog process: while the worker lives, check every 0.1 s that its parent is still the
+    supervisor (the kernel re-parents it the moment the supervisor dies, even by SIGKILL); then kill the
+    worker's descendants and process group (the watchdog's own, too)."""
+    worker_pid = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        os.closerange(3, 1 << 16)  # hold no pipe of the worker's: its death must stay visible at once
+        worker = psutil.Process(worker_pid)
+        while True:
+            time.sleep(PARENT_CHECK_INTERVAL_S)
+            if os.getppid() != worker_pid:
+                os._exit(0)  # the worker is gone (exited or killed): nothing left to guard
+            if worker.ppid() != supervisor_pid:
+                break
+        for proc in worker.children(recursive=True):
+            if proc.pid != os.getpid():
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+        os.killpg(worker_pid, signal.SIGKILL)
+    except BaseException:  # noqa: BLE001 - the watchdog never returns into the worker's code
+        pass
+    finally:
+        os._exit(0)
 
 
 def _from_epoch(value: float | None) -> dt.datetime | None:
@@ -132,7 +183,12 @@ def _from_epoch(value: float | None) -> dt.datetime | None:
 
 
 def _jsonable(details: dict | None) -> dict | None:
-    """Details as plain JSON values (anything else becomes its ``repr``)."""
+    """Details as plain JSON values (anything else becomes its ``repr``), at most ``MAX_DETAILS_BYTES``
+    encoded; larger ones are replaced by a preview."""
     if details is None:
         return None
-    return msgspec.json.decode(msgspec.json.encode(details, enc_hook=repr))
+    encoded = msgspec.json.encode(details, enc_hook=repr)
+    if len(encoded) > MAX_DETAILS_BYTES:
+        return {"truncated": True, "size_bytes": len(encoded),
+                "preview": encoded[:2000].decode("utf-8", errors="replace")}
+    return msgspec.json.decode(encoded)

@@ -12,11 +12,13 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import sqlalchemy as sa
 
 from . import jobspec
 from .config import Settings
@@ -27,7 +29,11 @@ from .schema import RUN_STATUSES, database_url
 from .store import Store
 from .supervisor import Supervisor, utcnow
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _raise_interrupt(signum, frame):  # noqa: ANN001
+    raise KeyboardInterrupt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,7 +131,17 @@ def _plugins_dir(args: argparse.Namespace) -> str:
 
 
 def _store(args: argparse.Namespace) -> Store:
-    return Store.open(database_url(args.db))
+    return open_store(database_url(args.db))
+
+
+def open_store(url: str) -> Store:
+    """Store.open with connection problems reported as bad input on ``--db``."""
+    try:
+        return Store.open(url)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        raise InputError("--db", f"not a usable database URL {url!r} ({exc})") from None
+    except sa.exc.OperationalError as exc:
+        raise InputError("--db", f"cannot connect to {url!r}: {str(exc.orig).strip().splitlines()[0]}") from None
 
 
 def _validate_configs(plugins_dir: str, specs: list[jobspec.JobSpec], prefix=lambda i: "") -> None:
@@ -165,17 +181,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
                         lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
                         clock_skew_s=args.clock_skew_s)
-    if args.run_for is not None and args.run_for < 0:
-        raise InputError("--run-for", "must be zero or more seconds")
+    if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
+        raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
     if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
         jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
-    store = Store.open(settings.database_url)
+    store = open_store(settings.database_url)
     try:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
-        pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir,
-                    log_level=logging.getLogger().level, ready_timeout_s=settings.worker_ready_timeout_s)
+        pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir, log_level=logging.getLogger().level,
+                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s)
         return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
     finally:
         store.close()
@@ -257,11 +273,16 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args), max_concurrent_jobs=1)
     pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level)
     supervisor = Supervisor(settings, store, pool)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         run_id = supervisor.run_now(job, ready_timeout_s=settings.worker_ready_timeout_s)
     except LookupError as exc:
         raise InputError("job_type", str(exc).split(": ", 1)[-1]) from None
+    except KeyboardInterrupt:
+        print(f"error: interrupted; the run of {args.name!r} was cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
+        signal.signal(signal.SIGTERM, previous)
         pool.close()
     if run_id is None and job["concurrency_mode"] == "Queue":
         store.queue_now(job["id"], utcnow())
@@ -332,6 +353,8 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
     row = _store(args).get_run(args.id)
     if args.json:
         _print_json(row)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
 import msgspec
 
 from .errors import InputError
+
+MAX_SECONDS = 10 * 365 * 86400.0
 
 
 def default_instance() -> str:
@@ -37,17 +40,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     rescan_interval_s: float = 1.0
     heartbeat_interval_s: float = 300.0
     heartbeat_lease_s: float = 360.0
-    worker_ready_timeout_s: float = 30.0
+    worker_ready_timeout_s: float = 60.0
+    plugin_import_timeout_s: float = 10.0
     lease_ttl_s: float = 30.0
     lease_renew_interval_s: float = 10.0
     clock_skew_s: float = 0.0
     instance: str = msgspec.field(default_factory=default_instance)
 
     def __post_init__(self) -> None:
+        for name in ("lease_timeout_s", "shutdown_timeout_s", "rescan_interval_s", "heartbeat_interval_s",
+                     "heartbeat_lease_s", "worker_ready_timeout_s", "plugin_import_timeout_s", "lease_ttl_s",
+                     "lease_renew_interval_s", "clock_skew_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or abs(value) > MAX_SECONDS:
+                raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
         if self.max_concurrent_jobs < 1:
             raise InputError("max_concurrent_jobs", f"must be a positive integer, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",
-                     "lease_ttl_s", "lease_renew_interval_s"):
+                     "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):

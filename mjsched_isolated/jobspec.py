@@ -19,6 +19,9 @@ from .errors import InputError
 from .schema import CONCURRENCY_MODES, JOB_STATUSES
 
 
+MAX_RUNTIME_MINUTES = int(planner.MAX_RUN_TIMEOUT_S // 60)
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One job. ``start_at``/``end_at`` without a UTC offset are read in the job's ``timezone``.
     ``status`` left unset means Active for a new job and "unchanged" for an existing one."""
@@ -63,8 +66,9 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
         fail("concurrency_mode", f"must be one of {', '.join(CONCURRENCY_MODES)}, got {spec.concurrency_mode!r}")
-    if spec.max_runtime_minutes is not None and spec.max_runtime_minutes <= 0:
-        fail("max_runtime_minutes", f"must be a positive number of minutes, got {spec.max_runtime_minutes}")
+    if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
+        fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
+                                    f"got {spec.max_runtime_minutes}")
     zone = cron.zone(spec.timezone)
     start_at = _aware(spec.start_at, zone)
     end_at = _aware(spec.end_at, zone)
@@ -89,9 +93,13 @@ def schedule_fields_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
-    """Add ``next_run_at`` for an Active job (None otherwise, and for one past its end_at)."""
+    """Add ``next_run_at`` for an Active job (None otherwise, and for one past its end_at).
+    Raises :class:`InputError` (``start_at``) when no occurrence can be computed, e.g. year 9999."""
     active = values.get("status") == "Active"
-    values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
+    try:
+        values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
+    except (OverflowError, ValueError) as exc:
+        raise InputError("start_at", f"no occurrence can be computed from it ({exc})") from None
     return values
 
 
@@ -104,8 +112,10 @@ def load_file(path: str | Path) -> list[JobSpec]:
     try:
         parsed = msgspec.toml.decode(data, type=JobsFile)
     except msgspec.ValidationError as exc:
-        text, _, where = str(exc).rpartition(" - at `")
-        raise InputError(f"{path}: {where.rstrip('`').removeprefix('$.')}", text or str(exc)) from None
+        text, sep, where = str(exc).rpartition(" - at `")
+        if not sep:  # an error about the file's top level
+            raise InputError(f"{path}", str(exc)) from None
+        raise InputError(f"{path}: {where.rstrip('`').removeprefix('$.')}", text) from None
     except msgspec.DecodeError as exc:
         raise InputError(f"{path}", f"invalid TOML: {exc}") from None
     specs = [check(spec, f"{path}: jobs[{i}].") for i, spec in enumerate(parsed.jobs)]

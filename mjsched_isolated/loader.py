@@ -4,7 +4,9 @@ Every ``*.py`` file in the plugins folder whose name does not start with ``_`` i
 module ``mjsched_plugins.<stem>``, with the folder on ``sys.path`` so plugins may import helpers). Each
 subclass of :class:`BaseScheduledJob` defined in it with a non-empty ``job_type`` becomes a job type. A
 module that fails to import, or a duplicate ``job_type``, becomes a :class:`LoadFailure` carrying the
-traceback; the other modules still load (a bad plugin costs only its own job type).
+traceback; the other modules still load (a bad plugin costs only its own job type). An import that
+has not finished after ``import_timeout_s`` (a plugin hanging at import) is given up: the module is a
+failure, its thread is left behind, and the worker serves the other job types.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -28,21 +31,22 @@ class Registry:
         self.failures: list[LoadFailure] = []
 
 
-def load_plugins(plugins_dir: str | Path) -> Registry:
-    """Import every plugin module in ``plugins_dir`` (a missing folder yields an empty registry)."""
+def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0) -> Registry:
+    """Import every plugin module in ``plugins_dir``. A missing folder yields an empty registry with one
+    failure saying so."""
     registry = Registry()
     folder = Path(plugins_dir).resolve()
     if not folder.is_dir():
+        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} does not exist"))
         return registry
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        try:
-            module = _import_path(path)
-        except BaseException:  # noqa: BLE001 - SystemExit in a plugin must not end the child either
-            registry.failures.append(LoadFailure(module=path.name, error=traceback.format_exc()))
+        module, error = _import_with_timeout(path, import_timeout_s)
+        if error is not None:
+            registry.failures.append(LoadFailure(module=path.name, error=error))
             continue
         for cls in _job_classes(module):
             if cls.job_type in registry.classes:
@@ -54,6 +58,25 @@ def load_plugins(plugins_dir: str | Path) -> Registry:
             registry.classes[cls.job_type] = cls
             registry.infos.append(PluginInfo(job_type=cls.job_type, module=path.name, description=cls.description))
     return registry
+
+
+def _import_with_timeout(path: Path, timeout_s: float):
+    """(module, None) or (None, traceback text). The import runs in a daemon thread so a module that
+    never finishes importing cannot hold the worker."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["module"] = _import_path(path)
+        except BaseException:  # noqa: BLE001 - SystemExit in a plugin must not end the child either
+            outcome["error"] = traceback.format_exc()
+
+    thread = threading.Thread(target=target, name=f"import-{path.stem}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return None, f"import did not finish within {timeout_s:g} s (does the module hang at import?)"
+    return outcome.get("module"), outcome.get("error")
 
 
 def _import_path(path: Path):

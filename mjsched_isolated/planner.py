@@ -41,11 +41,15 @@ def expired(job: Row, now: dt.datetime) -> bool:
     return end_at is not None and now > end_at
 
 
+MAX_RUN_TIMEOUT_S = 10 * 365 * 86400.0  # longer than any run; keeps datetime arithmetic in range
+
+
 def run_timeout_s(job: Row, lease_timeout_s: float) -> float:
-    """A run's allowed duration: ``max(lease_timeout_s, max_runtime_minutes * 60)``. The per-job value
-    only ever lengthens the default (reference §2.5, tests H7/H8)."""
+    """A run's allowed duration: ``max(lease_timeout_s, max_runtime_minutes * 60)``, at most ten years.
+    The per-job value only ever lengthens the default (reference §2.5, tests H7/H8)."""
     minutes = job.get("max_runtime_minutes") or 0
-    return max(lease_timeout_s, minutes * 60.0) if minutes > 0 else lease_timeout_s
+    timeout = max(lease_timeout_s, minutes * 60.0) if minutes > 0 else lease_timeout_s
+    return min(timeout, MAX_RUN_TIMEOUT_S)
 
 
 def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:

@@ -67,13 +67,15 @@ class Pool:
     and its slot backs off. All methods are called from the supervisor's single thread.
     """
 
-    def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0):
+    def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
+                 import_timeout_s: float = 10.0):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
         self.plugins_dir = os.path.abspath(plugins_dir)
         self.log_level = log_level
         self.ready_timeout_s = ready_timeout_s
+        self.import_timeout_s = import_timeout_s
         self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
         self._backoff_s: dict[int, float] = {slot: 0.0 for slot in range(size)}
         self._respawn_at: dict[int, float] = {slot: 0.0 for slot in range(size)}
@@ -88,7 +90,8 @@ class Pool:
 
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
-        process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level),
+        process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
+                                                           self.import_timeout_s),
                                name=f"mjsched-worker-{slot}", daemon=False)
         process.start()
         child_conn.close()
@@ -175,10 +178,13 @@ class Pool:
         return False
 
     def _reap(self, worker: Worker) -> ChildEvent:
-        """Record a dead (or dying) child, clean up its tree, and schedule the slot's refill."""
+        """Record a dead (or misbehaving) child, clean up its tree, and schedule the slot's refill.
+        ``is_alive`` never blocks; a child still alive here (garbage on its pipe, or a plugin writing into
+        the sentinel pipe) is killed before it is joined, so ``join`` cannot hang on it."""
+        if worker.process.is_alive():
+            kill_tree(worker.pid)
         worker.process.join(2.0)
-        kill_tree(worker.pid)  # grandchildren left behind in its process group, and the child if still alive
-        worker.process.join(1.0)
+        kill_tree(worker.pid)  # grandchildren left behind in its process group
         worker.conn.close()
         event = ChildEvent(worker=worker, died=True, exitcode=worker.process.exitcode, run=worker.run)
         self._vacate(worker, died_before_ready=worker.ready is None)

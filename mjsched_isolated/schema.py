@@ -46,8 +46,11 @@ class UTCDateTime(sa.TypeDecorator):
     def process_result_value(self, value, dialect):
         if value is None:
             return None
-        if isinstance(value, str):  # SQLite values written by the database clock
-            value = dt.datetime.fromisoformat(value)
+        if isinstance(value, str):  # SQLite values written by the database clock, or edited by hand
+            try:
+                value = dt.datetime.fromisoformat(value)
+            except ValueError:
+                return None  # unreadable: treated as unset (the supervisor reschedules a job without next_run_at)
         return value.replace(tzinfo=UTC)
 
 

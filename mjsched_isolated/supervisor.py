@@ -50,7 +50,7 @@ class InFlight:
         self.started_at = started_at
         self.deadline = deadline
         self.timeout_s = timeout_s
-        self.last_extended = started_at
+        self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
 
 
 class Supervisor:
@@ -288,6 +288,9 @@ class Supervisor:
         self.pool.start()
         try:
             return self._run_now(job, ready_timeout_s)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run is cancelled and its lease released
+            self.cancel_all(self.read_clock()[0], "interrupted: `jobs run` was stopped")
+            raise
         finally:
             self.liveness.stop()
 
@@ -351,9 +354,10 @@ class Supervisor:
                     error_message=f"worker process {event.worker.pid} died during the run ({how})")
 
     def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
-        """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s``, to
+        """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
+        at once, unlike the reference, whose first beat can only count after 5 min), to
         ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
-        if (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
+        if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
             return
         deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
         lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
@@ -443,7 +447,8 @@ class Supervisor:
             log.debug("run %d: recording failed: %s", flight.run_id, _short(exc))
             return False
         if not recorded:
-            log.warning("run %d of job %s: result %s not recorded: the run was no longer Running (abandoned)",
+            log.warning("run %d of job %s: result %s not recorded: its run row is no longer Running (abandoned by "
+                        "another supervisor, or its job was removed)",
                         flight.run_id, flight.job_name, status)
             return True
         level = logging.INFO if status == "Completed" else logging.ERROR

@@ -134,7 +134,7 @@ class HttpCheckJob(BaseScheduledJob):
         chunks: list[bytes] = []
         remaining = cfg.max_body_bytes
         while remaining > 0:
-            chunk = response.read(min(_CHUNK, remaining))
+            chunk = response.read1(min(_CHUNK, remaining))  # what has arrived: a drip-feed cannot stall us
             if not chunk:
                 break
             chunks.append(chunk)

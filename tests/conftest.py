@@ -135,7 +135,8 @@ class Driver:
         settings.setdefault("max_concurrent_jobs", 2)
         self.settings = Settings(database_url=db_url, **settings)
         self.pool = Pool(self.settings.max_concurrent_jobs, self.settings.plugins_dir,
-                         ready_timeout_s=self.settings.worker_ready_timeout_s)
+                         ready_timeout_s=self.settings.worker_ready_timeout_s,
+                         import_timeout_s=self.settings.plugin_import_timeout_s)
         self.supervisor = Supervisor(self.settings, store, self.pool)
         self.max_inflight = 0
 

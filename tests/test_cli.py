@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,8 @@ def _error_line(proc) -> str:
     (["--type", "picky", "--cron", "* * * * *", "--config", '{"seconds": -1}'], "configuration.seconds"),
     (["--type", "ok", "--cron", "* * * * *", "--concurrency-mode", "Often"], "concurrency_mode"),
     (["--type", "ok", "--cron", "* * * * *", "--max-runtime-minutes", "0"], "max_runtime_minutes"),
+    (["--type", "ok", "--cron", "* * * * *", "--max-runtime-minutes", "9999999999999"], "max_runtime_minutes"),
+    (["--type", "ok", "--cron", "* * * * *", "--start-at", "9999-12-31T23:59:59Z"], "start_at"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "tomorrow"], "--start-at"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "2030-01-02", "--end-at", "2030-01-01"], "end_at"),
 ])
@@ -148,3 +151,20 @@ def test_console_script_is_installed():
     script = Path(sys.executable).parent / "mjsched"
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "serve" in proc.stdout
+
+
+def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path, store):
+    add_job(store, "stuck", "hang", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1),
+            configuration=json.dumps({"marker_dir": str(tmp_path)}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
+    env.update(MJSCHED_DATABASE_URL=db_url, MJSCHED_PLUGINS_DIR=FIXTURE_PLUGINS)
+    proc = subprocess.Popen([sys.executable, "-m", "mjsched_isolated", "jobs", "run", "stuck"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # the plugin announces itself on the shared output pipe
+        if line.startswith("hang: run"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 130
+    run = store.list_runs(job_name="stuck")[0]
+    assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
+    assert store.get_job("stuck")["lock_token"] is None

@@ -13,7 +13,8 @@ from mjsched_isolated.api import BaseScheduledJob
 from mjsched_isolated.loader import load_plugins
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
-FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky"}
+FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute", "report_state",
+                 "big_details"}
 
 
 @pytest.fixture(autouse=True)
@@ -147,17 +148,17 @@ def test_classes_without_job_type_or_imported_from_elsewhere_are_skipped(tmp_pat
     assert registry.failures == []
 
 
-def test_missing_folder_gives_empty_registry(tmp_path):
+def test_missing_folder_gives_empty_registry_and_says_so(tmp_path):
     registry = load_plugins(tmp_path / "does-not-exist")
     assert registry.classes == {}
     assert registry.infos == []
-    assert registry.failures == []
+    assert len(registry.failures) == 1 and "does not exist" in registry.failures[0].error
 
 
 def test_a_file_is_not_a_folder(tmp_path):
     path = _write(tmp_path, "single.py", _plugin("single"))
     registry = load_plugins(path)
-    assert registry.classes == {} and registry.failures == []
+    assert registry.classes == {} and "does not exist" in registry.failures[0].error
 
 
 def test_empty_folder_gives_empty_registry(tmp_path):

@@ -187,3 +187,38 @@ def test_bad_configuration_names_the_field(config, prefix):
     with pytest.raises(ConfigurationError) as info:
         make_context(HttpCheckJob, config)
     assert str(info.value).startswith(prefix), str(info.value)
+
+
+def test_slowly_dripping_body_is_abandoned_at_timeout_s():
+    """A server sending one byte every 50 ms must not keep the check past its timeout_s."""
+    import http.server
+    import threading
+    import time as _time
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                for _ in range(100000):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    _time.sleep(0.05)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = _time.monotonic()
+        result = run_job(load_plugin("http_check"), {"url": f"http://127.0.0.1:{server.server_port}/", "timeout_s": 1.0})
+        assert _time.monotonic() - started < 3.0
+        assert result.success is False and "timed out" in result.error_message
+    finally:
+        server.shutdown()
+        server.server_close()

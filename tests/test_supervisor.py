@@ -195,20 +195,43 @@ def test_supervisor_memory_keeps_nothing_of_killed_runs(store, driver_factory, t
     assert all(w is None or w.run is None for w in d.pool.workers.values())
 
 
-def test_plugin_hanging_at_import_does_not_block_the_supervisor(store, db_url, tmp_path):
+def test_plugin_hanging_at_import_costs_only_its_own_job_types(store, db_url, tmp_path):
     from conftest import Driver
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "stuck.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
-    d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=0.5, max_concurrent_jobs=1)
-    d.pool.start()
-    first = d.pool.workers[0].pid
+    (plugins / "spin.py").write_text("while True:\n    pass\n")  # holds the GIL as much as it can
+    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    d = Driver(store, db_url, plugins_dir=str(plugins), plugin_import_timeout_s=0.5, max_concurrent_jobs=1)
     try:
-        d.until(lambda: d.pool.workers[0] is not None and d.pool.workers[0].pid != first, 10)
-        assert wait_gone([first]) == []
+        d.start()
+        failures = {f.module: f.error for f in d.pool.last_ready.failures}
+        assert set(failures) == {"stuck.py", "spin.py"} and "did not finish within 0.5 s" in failures["stuck.py"]
+        add_job(store, "fine-job", "ok", "0 0 1 1 *")
+        d.until(_finished(store, "fine-job"))
+        assert _runs(store, "fine-job")[0]["status"] == "Completed"
     finally:
         d.close()
-    assert Path(plugins / "stuck.py").exists()
+
+
+def test_worker_state_changed_by_a_plugin_does_not_leak_into_the_next_run(store, driver_factory, tmp_path):
+    d = driver_factory(max_concurrent_jobs=1)
+    add_job(store, "polluter", "pollute", "0 0 1 1 *")
+    d.until(_finished(store, "polluter"))
+    add_job(store, "checker", "report_state", "0 0 1 1 *")
+    d.until(_finished(store, "checker"))
+    first, second = _runs(store, "polluter")[0], _runs(store, "checker")[0]
+    assert first["details"]["pid"] == second["details"]["pid"]  # same worker, reused
+    assert second["details"]["cwd"] != "/" and second["details"]["path"] != "/nonexistent"
+    assert second["details"]["umask"] != 0o777
+
+
+def test_huge_details_are_replaced_by_a_preview(store, driver_factory):
+    d = driver_factory()
+    add_job(store, "big", "big_details", "0 0 1 1 *")
+    d.until(_finished(store, "big"))
+    details = _runs(store, "big")[0]["details"]
+    assert details["truncated"] is True and details["size_bytes"] > 5_000_000 and len(details["preview"]) <= 2000
 
 
 def test_row_edited_to_run_before_its_start_at_is_rescheduled_not_run(store, driver_factory):
@@ -219,3 +242,18 @@ def test_row_edited_to_run_before_its_start_at_is_rescheduled_not_run(store, dri
     add_job(store, "marker", "ok", "0 0 1 1 *")
     d.until(lambda: store.get_job("early")["next_run_at"] >= start and _finished(store, "marker")())
     assert _runs(store, "early") == []
+
+
+def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(store, driver_factory):
+    d = driver_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)  # heartbeat_interval_s stays 300 s
+    add_job(store, "beats", "beat", "0 0 1 1 *", configuration=json.dumps({"seconds": 1.8}))
+    d.until(_finished(store, "beats"))
+    assert _runs(store, "beats")[0]["status"] == "Completed"
+
+
+def test_absurd_max_runtime_in_a_row_is_clamped_and_does_not_stop_the_poll(store, driver_factory):
+    d = driver_factory()
+    add_job(store, "absurd", "ok", "0 0 1 1 *", max_runtime_minutes=2**62)
+    add_job(store, "normal", "ok", "0 0 1 1 *")
+    d.until(lambda: _finished(store, "absurd")() and _finished(store, "normal")())
+    assert {r["status"] for r in _runs(store, "absurd") + _runs(store, "normal")} == {"Completed"}

@@ -126,3 +126,35 @@ class Picky(BaseScheduledJob):
 
     def execute(self, context):
         return ScheduledJobResult(success=True)
+
+
+class Pollute(BaseScheduledJob):
+    """Changes process state a worker must restore: cwd, PATH, umask."""
+
+    job_type = "pollute"
+    configuration_type = Config
+
+    def execute(self, context):
+        os.chdir("/")
+        os.environ["PATH"] = "/nonexistent"
+        os.umask(0o777)
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
+
+
+class ReportState(BaseScheduledJob):
+    job_type = "report_state"
+    configuration_type = Config
+
+    def execute(self, context):
+        umask = os.umask(0)
+        os.umask(umask)
+        return ScheduledJobResult(success=True, details={"pid": os.getpid(), "cwd": os.getcwd(),
+                                                         "path": os.environ.get("PATH"), "umask": umask})
+
+
+class BigDetails(BaseScheduledJob):
+    job_type = "big_details"
+    configuration_type = Config
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True, details={"x": "z" * 10_000_000})
