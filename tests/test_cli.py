@@ -168,3 +168,15 @@ def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path
     run = store.list_runs(job_name="stuck")[0]
     assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
     assert store.get_job("stuck")["lock_token"] is None
+
+
+def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store):
+    job = add_job(store, "q", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1), concurrency_mode="Queue")
+    now = utcnow()
+    store.register_supervisor("otherhost-8", "otherhost", 8, ttl_s=600)
+    assert store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-8", lease_s=600,
+                       deadline_at=now + dt.timedelta(minutes=10))
+    proc = cli("jobs", "run", "q")
+    assert "queued" in proc.stdout
+    assert store.get_job("q")["next_run_at"] <= utcnow()  # the pending occurrence is due now
+    assert [r["id"] for r in store.list_runs(job_name="q")] == [1]  # nothing started beside the live run

@@ -13,7 +13,7 @@ from mjsched_isolated.api import BaseScheduledJob
 from mjsched_isolated.loader import load_plugins
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
-FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute", "report_state",
+FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute", "report_state", "gil_hog",
                  "big_details"}
 
 

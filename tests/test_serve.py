@@ -99,3 +99,15 @@ def test_fresh_serve_runs_the_sample_jobs(tmp_path):
     for job in ("backup-scheduler-db", "prune-old-backups", "disk-usage"):
         assert re.search(rf"run \d+ finished: job {job} Completed in \d+ ms", proc.stderr), proc.stderr
     assert list((tmp_path / "backups").glob("mjsched-*.db"))
+
+
+def test_killed_supervisor_takes_down_a_worker_stuck_holding_the_gil(store, serve):
+    """The worker's watchdog is a process of its own: a plugin holding the GIL cannot keep it from acting."""
+    add_job(store, "hog", "gil_hog", "0 0 1 1 *")
+    s = serve()
+    grandchild = int(s.wait_for(r"gil_hog: run \d+ grandchild (\d+)", seen=True).group(1))
+    tree = [p.pid for p in psutil.Process(s.proc.pid).children(recursive=True)]
+    assert grandchild in tree
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.wait(10)
+    assert wait_gone(tree, timeout_s=1.5) == []

@@ -257,3 +257,19 @@ def test_absurd_max_runtime_in_a_row_is_clamped_and_does_not_stop_the_poll(store
     add_job(store, "normal", "ok", "0 0 1 1 *")
     d.until(lambda: _finished(store, "absurd")() and _finished(store, "normal")())
     assert {r["status"] for r in _runs(store, "absurd") + _runs(store, "normal")} == {"Completed"}
+
+
+def test_jobs_changed_outside_the_supervisor_are_seen_within_one_poll(store, driver_factory):
+    """Activated with no next_run_at (the reference's known bug: it never fires), paused, resumed."""
+    d = driver_factory(rescan_interval_s=0.2)
+    now = utcnow()
+    store.add_job({"name": "late", "job_type": "ok", "cron_expression": "* * * * * *", "status": "Pending"}, now)
+    d.until(lambda: d.pool.idle_workers() and d.supervisor.next_rescan_at is not None)
+    store.update_job("late", {"status": "Active"}, utcnow())  # next_run_at stays NULL
+    d.until(_finished(store, "late"), timeout_s=5)
+    store.update_job("late", {"status": "Paused", "next_run_at": None}, utcnow())
+    d.until(lambda: not d.supervisor.inflight)
+    count = len(_runs(store, "late"))
+    add_job(store, "marker", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(seconds=1.5))
+    d.until(_finished(store, "marker"))
+    assert len(_runs(store, "late")) == count  # nothing ran while paused

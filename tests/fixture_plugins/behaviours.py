@@ -158,3 +158,18 @@ class BigDetails(BaseScheduledJob):
 
     def execute(self, context):
         return ScheduledJobResult(success=True, details={"x": "z" * 10_000_000})
+
+
+class GilHog(BaseScheduledJob):
+    """Starts a grandchild, then holds the GIL in one C call for a very long time (catastrophic regex)."""
+
+    job_type = "gil_hog"
+    configuration_type = Config
+
+    def execute(self, context):
+        import re
+
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
+        os.write(1, f"gil_hog: run {context.run_id} grandchild {grandchild.pid}\n".encode())
+        re.match(r"(a*)*b", "a" * 64)
+        return ScheduledJobResult(success=True)
