@@ -155,7 +155,10 @@ class Supervisor:
         wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         renew_at = now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono))
         retry_at = now + dt.timedelta(seconds=1) if self.pending else None
-        for when in (*candidates, renew_at, retry_at, *(f.deadline for f in self.inflight.values())):
+        # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
+        fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
+                    if self.inflight and self.liveness.valid(mono) else None)
+        for when in (*candidates, renew_at, retry_at, fence_at, *(f.deadline for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))

@@ -36,7 +36,7 @@ def db_url(tmp_path: Path) -> str:
 
 
 def _server_or_skip(url: str) -> sa.engine.Engine:
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(url, pool_pre_ping=True)  # survives a server restart (tests/test_outage.py)
     try:
         with engine.connect():
             pass
