@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -38,12 +39,14 @@ MAX_ERROR_CHARS = 4000
 
 
 def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO,
-         import_timeout_s: float = 10.0) -> None:
-    """Child entry point (picklable, plain arguments only)."""
+         import_timeout_s: float = 10.0, fence_at=None) -> None:
+    """Child entry point (picklable, plain arguments only). ``fence_at``: a shared double holding the
+    monotonic time after which the supervisor's lease can no longer be trusted (see :mod:`liveness`)."""
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the supervisor's decision
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _start_watchdog(parent_pid)  # before any thread or plugin exists
+    busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
+    _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s")
     registry = load_plugins(plugins_dir, import_timeout_s)  # failures travel in Ready; the supervisor logs them
@@ -60,7 +63,9 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
         if isinstance(message, protocol.ValidateRequest):
             sender.send(protocol.ValidateReply(error=validate(registry, message.job_type, message.configuration)))
         elif isinstance(message, protocol.RunRequest):
+            busy.value = 1
             result = run(registry, message, sender)
+            busy.value = 0
             baseline.restore()
             sender.send(result)
 
@@ -149,10 +154,12 @@ class _State:
         os.umask(self.umask)
 
 
-def _start_watchdog(supervisor_pid: int) -> None:
-    """Fork the watchdog process: while the worker lives, check every 0.1 s that its parent is still the
-    supervisor (the kernel re-parents it the moment the supervisor dies, even by SIGKILL); then kill the
-    worker's descendants and process group (the watchdog's own, too)."""
+def _start_watchdog(supervisor_pid: int, busy, fence_at) -> None:
+    """Fork the watchdog process. While the worker lives, every 0.1 s it checks that the worker's parent
+    is still the supervisor (the kernel re-parents it the moment the supervisor dies, even by SIGKILL) and,
+    while a run executes, that the supervisor's lease is still trusted (``fence_at``, renewed by the
+    supervisor; a supervisor frozen by SIGSTOP or a suspended VM cannot fence its own runs, so its workers
+    do). Otherwise it kills the worker's descendants and process group (the watchdog's own, too)."""
     worker_pid = os.getpid()
     if os.fork() != 0:
         return
@@ -164,6 +171,8 @@ def _start_watchdog(supervisor_pid: int) -> None:
             if os.getppid() != worker_pid:
                 os._exit(0)  # the worker is gone (exited or killed): nothing left to guard
             if worker.ppid() != supervisor_pid:
+                break
+            if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
                 break
         for proc in worker.children(recursive=True):
             if proc.pid != os.getpid():

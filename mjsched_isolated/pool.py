@@ -10,6 +10,7 @@ plugin that crashes at import cannot spin the supervisor.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -81,6 +82,9 @@ class Pool:
         self._respawn_at: dict[int, float] = {slot: 0.0 for slot in range(size)}
         self.respawns = 0
         self.refill = True  # False while shutting down: dead slots stay empty
+        # monotonic time after which busy children kill themselves (the supervisor's lease is not trusted
+        # any more); infinite until a supervisor with a liveness lease sets it
+        self.fence_at = _ctx.RawValue("d", math.inf)
         self.last_ready: protocol.Ready | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -91,7 +95,7 @@ class Pool:
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
-                                                           self.import_timeout_s),
+                                                           self.import_timeout_s, self.fence_at),
                                name=f"mjsched-worker-{slot}", daemon=False)
         process.start()
         child_conn.close()

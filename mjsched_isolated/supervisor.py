@@ -166,7 +166,10 @@ class Supervisor:
     def keep_lease(self, now: dt.datetime, mono: float) -> None:
         """Renew the liveness lease when due; fence (kill and fail) runs whose lease is lost, and every run
         once the lease can no longer be trusted locally."""
-        if self.liveness.maintain(mono) and self.inflight:
+        renewed = self.liveness.maintain(mono)
+        if renewed:
+            self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+        if renewed and self.inflight:
             try:
                 held = self.store.held_runs(set(self.inflight))
             except Exception:  # noqa: BLE001 - checked again at the next renewal

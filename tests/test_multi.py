@@ -144,3 +144,46 @@ def test_server_backends_are_really_tested():
     """In CI the server-backed tests are mandatory: this fails if the switch that makes them so is off."""
     if os.environ.get("CI") == "true":
         assert REQUIRE_SERVERS, "CI must run with MJSCHED_REQUIRE_SERVERS=1 (see .ci/run)"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["sqlite", "postgresql"])
+def test_frozen_supervisor_runs_are_fenced_by_its_workers_before_takeover(name, tmp_path):
+    """SIGSTOP freezes S1: it cannot fence its own runs, so its busy worker does, at 0.8 x TTL after S1's
+    last renewal, before S2 may take the job (at TTL). After SIGCONT, S1 records nothing over S2's verdict
+    and goes on working."""
+    ttl_s, renew_s = 4.0, 1.0
+    lease_args = ["--lease-ttl-s", str(ttl_s), "--lease-renew-interval-s", str(renew_s)]
+    with isolated_database(name, tmp_path) as url:
+        store = Store.open(url)
+        add_job(store, "long", "hang", "*/2 * * * * *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
+        s1 = Serve(url, *lease_args)
+        s2 = None
+        try:
+            run_id = int(s1.wait_for(r"run (\d+) started: job long").group(1))
+            grandchild = int(s1.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
+            busy = [p.pid for p in psutil.Process(s1.proc.pid).children(recursive=True)
+                    if grandchild in [c.pid for c in p.children(recursive=True)]]
+            s2 = Serve(url, *lease_args)
+            s2.wait_for(r"job types available")
+            os.kill(s1.proc.pid, signal.SIGSTOP)
+            assert wait_gone(busy + [grandchild], timeout_s=ttl_s) == []  # fenced by the worker's watchdog
+            assert [r["id"] for r in store.list_runs(job_name="long")] == [run_id]  # before any takeover
+            s2.wait_for(rf"run {run_id} of job \d+ marked Failed: abandoned", timeout_s=ttl_s + 10)
+            s2.wait_for(r"run \d+ started: job long", timeout_s=10, seen=True)
+            os.kill(s1.proc.pid, signal.SIGCONT)
+            s1.wait_for(r"lease renewed again|fenced|not recorded", timeout_s=15)
+            with pytest.raises(subprocess.TimeoutExpired):
+                s1.proc.wait(2 * renew_s)  # S1 survived its freeze
+            run = store.get_run(run_id)
+            assert run["status"] == "Failed" and "abandoned" in run["error_message"]  # S2's verdict stands
+        finally:
+            for s in (s1, s2):
+                if s is not None:
+                    if s.proc.poll() is None:
+                        os.kill(s.proc.pid, signal.SIGCONT)
+                    s.stop()
+        runs = sorted(store.list_runs(job_name="long", limit=1000), key=lambda r: r["started_at"])
+        scheduled = [r["scheduled_at"] for r in runs]
+        assert len(scheduled) == len(set(scheduled))
+        store.close()

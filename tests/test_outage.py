@@ -356,7 +356,7 @@ def test_partitioned_supervisor_fences_its_runs_and_another_takes_over(tmp_path)
 def test_stolen_lease_is_fenced_in_process(store, driver_factory, tmp_path):
     d = driver_factory(lease_ttl_s=3.0, lease_renew_interval_s=0.5)
     add_job(store, "hang1", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
-    d.until(lambda: list(tmp_path.glob("hang1.*.grandchild")), 20)
+    d.until(lambda: list(tmp_path.glob("hang1.*.started")), 20)  # written after the grandchild's file
     grandchild = int(next(tmp_path.glob("hang1.*.grandchild")).read_text())
     child = int(next(tmp_path.glob("hang1.*.started")).read_text())
     (run,) = store.list_runs(job_name="hang1")

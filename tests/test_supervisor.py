@@ -72,7 +72,7 @@ def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(stor
     d = driver_factory(lease_timeout_s=1.5)
     config = json.dumps({"marker_dir": str(tmp_path)})
     add_job(store, "hang1", "hang", "0 0 1 1 *", configuration=config)
-    d.until(lambda: list(tmp_path.glob("hang1.*.grandchild")))
+    d.until(lambda: list(tmp_path.glob("hang1.*.started")))  # written after the grandchild's file
     grandchild = psutil.Process(int(next(tmp_path.glob("hang1.*.grandchild")).read_text()))
     hung_pid = int(next(tmp_path.glob("hang1.*.started")).read_text())
     # another job type comes due while the first one hangs, just after its deadline

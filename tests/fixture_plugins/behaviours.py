@@ -20,10 +20,17 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     exit_code: int = 3
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers (tests) never see a half-written marker file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _mark(context) -> None:
     cfg = context.configuration
     if cfg.marker_dir:
-        Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.started").write_text(str(os.getpid()))
+        _write_atomically(Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.started"), str(os.getpid()))
 
 
 class Ok(BaseScheduledJob):
@@ -105,7 +112,8 @@ class Hang(BaseScheduledJob):
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
         cfg = context.configuration
         if cfg.marker_dir:
-            Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild").write_text(str(grandchild.pid))
+            _write_atomically(Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild"),
+                              str(grandchild.pid))
         _mark(context)
         # one write, so the line is not interleaved with the supervisor's log on a shared pipe
         os.write(1, f"hang: run {context.run_id} grandchild {grandchild.pid}\n".encode())
