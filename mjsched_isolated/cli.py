@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except (MjschedError, TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except sa.exc.SQLAlchemyError as exc:  # e.g. the database went away mid-command
+        print(f"error: database: {(str(getattr(exc, 'orig', exc)).strip().splitlines() or ['?'])[0]}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -141,7 +144,9 @@ def open_store(url: str) -> Store:
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise InputError("--db", f"not a usable database URL {url!r} ({exc})") from None
     except sa.exc.OperationalError as exc:
-        raise InputError("--db", f"cannot connect to {url!r}: {str(exc.orig).strip().splitlines()[0]}") from None
+        if getattr(exc, "connection_invalidated", False) or "connect" in str(exc.orig).lower():
+            raise InputError("--db", f"cannot connect to {url!r}: {str(exc.orig).strip().splitlines()[0]}") from None
+        raise
 
 
 def _validate_configs(plugins_dir: str, specs: list[jobspec.JobSpec], prefix=lambda i: "") -> None:
@@ -290,9 +295,10 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if run_id is None:
         current = store.get_job(args.name)
-        print(f"error: job {args.name!r} is already running (lease held by {current['locked_by_instance']} until "
-              f"{_fmt(current['expected_completion_at'])}); concurrency_mode {job['concurrency_mode']} refuses a "
-              "second run", file=sys.stderr)
+        holder = (f"lease held by {current['locked_by_instance']} until {_fmt(current['expected_completion_at'])}"
+                  if current["locked_by_instance"] else "its run ended just now; try again")
+        print(f"error: job {args.name!r} is already running ({holder}); concurrency_mode "
+              f"{job['concurrency_mode']} refuses a second run", file=sys.stderr)
         return EXIT_FAILED
     run = store.get_run(run_id)
     if args.json:
@@ -322,10 +328,14 @@ def sync_jobs(store: Store, plugins_dir: str, path: str) -> tuple[int, int]:
         values = jobspec.row_values(spec)
         old = existing.get(spec.name)
         if old is None:
-            values.setdefault("status", "Active")
-            store.add_job(jobspec.with_next_run_at(values, now), now)
-            created += 1
-            continue
+            try:
+                store.add_job(jobspec.with_next_run_at({"status": "Active", **values}, now), now)
+                created += 1
+                continue
+            except InputError as exc:
+                if exc.field != "name":
+                    raise
+                old = store.get_job(spec.name)  # created meanwhile by another supervisor's sync: update it
         changed = {k: v for k, v in values.items() if old.get(k) != v}
         if not changed:
             continue

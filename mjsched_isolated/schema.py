@@ -153,8 +153,25 @@ def create_engine(url: str) -> Engine:
             cursor.close()
     else:
         engine = sa.create_engine(url, pool_pre_ping=True)
-    metadata.create_all(engine)
+    _create_schema(engine)
     return engine
+
+
+def _create_schema(engine: Engine, attempts: int = 5) -> None:
+    """``create_all`` tolerating supervisors that start together: another one may create a table between
+    our existence check and our CREATE. A retry then finds it. Connection errors are raised at once."""
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine)
+            return
+        except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.InternalError, sa.exc.OperationalError) as exc:
+            if attempt == attempts - 1 or not _is_already_exists(exc):
+                raise
+
+
+def _is_already_exists(exc: sa.exc.DBAPIError) -> bool:
+    text = str(exc.orig).lower()
+    return "already exists" in text or "duplicate key" in text or "1050" in text
 
 
 def db_now(dialect_name: str) -> sa.ColumnElement:

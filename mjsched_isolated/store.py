@@ -37,6 +37,7 @@ from .schema import jobs, runs, supervisors
 
 Row = dict[str, Any]
 log = logging.getLogger("mjsched.store")
+SUPERVISOR_ROW_RETENTION_S = 7 * 86400.0  # rows of supervisors dead this long are deleted at registrations
 
 
 class Claim(msgspec.Struct, frozen=True):
@@ -268,7 +269,8 @@ class Store:
         clock, or missing), count it as a failure and free its job lease (token-checked).
         ``exclude_run_ids``: runs the caller itself supervises. Returns the abandoned runs."""
         orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"),
-                              schema.db_now(self.dialect).label("db_now"))
+                              schema.db_now(self.dialect).label("db_now"), jobs.c.name.label("job_name"))
+                    .join(jobs, jobs.c.id == runs.c.job_id)
                     .outerjoin(supervisors, supervisors.c.instance == runs.c.executed_by_instance)
                     .where(runs.c.status == "Running", sa.not_(self._holder_alive(runs.c.executed_by_instance))))
         if exclude_run_ids:
@@ -281,13 +283,15 @@ class Store:
             message = (f"abandoned: supervisor {run['executed_by_instance']} stopped renewing its lease "
                        f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
                        f"the run (started {run['started_at'].isoformat()}) was in flight")
+            # the run was lost when its supervisor's lease ended, not when this sweep noticed: any takeover
+            # claim came after that moment, so the records never show the two runs overlapping
+            ended = min(run["db_now"], expired) if expired else run["db_now"]
             with self.engine.begin() as conn:
                 if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == "Running").values(
-                        status="Failed", success=False, completed_at=schema.db_now(self.dialect),
-                        error_message=message)).rowcount:
+                        status="Failed", success=False, completed_at=ended, error_message=message)).rowcount:
                     continue
-                duration_ms = max(0.0, (run["db_now"] - run["started_at"]).total_seconds() * 1000)
-                conn.execute(_stats_stmt(run["job_id"], False, duration_ms, schema.db_now(self.dialect)))
+                duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)
+                conn.execute(_stats_stmt(run["job_id"], False, duration_ms, ended))
                 if run["lock_token"] is not None:
                     conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
             abandoned.append({**run, "error_message": message})
@@ -297,8 +301,10 @@ class Store:
     def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:
         """Insert (or reset) ``instance``'s row with a lease of ``ttl_s``. Returns the DB time."""
         now_expr, until = schema.db_now(self.dialect), schema.db_now_plus(self.dialect, ttl_s)
+        stale = schema.db_now_plus(self.dialect, -SUPERVISOR_ROW_RETENTION_S)
         with self.engine.begin() as conn:
-            conn.execute(supervisors.delete().where(supervisors.c.instance == instance))
+            conn.execute(supervisors.delete().where(sa.or_(supervisors.c.instance == instance,
+                                                           supervisors.c.lease_expires_at < stale)))
             conn.execute(supervisors.insert().values(instance=instance, hostname=hostname, pid=pid, started_at=now_expr,
                                                      heartbeat_at=now_expr, lease_expires_at=until))
             return conn.execute(sa.select(supervisors.c.heartbeat_at).where(

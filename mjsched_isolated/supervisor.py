@@ -175,7 +175,8 @@ class Supervisor:
             except Exception:  # noqa: BLE001 - checked again at the next renewal
                 held = set(self.inflight)
             for run_id in set(self.inflight) - held:
-                self.fence(self.inflight[run_id], now, "its lease was taken over or the run was abandoned")
+                self.fence(self.inflight[run_id], now,
+                           "its lease was taken over, the run was abandoned, or its job was removed")
         if self.inflight and not self.liveness.valid(mono):
             for flight in list(self.inflight.values()):
                 self.fence(flight, now, f"this supervisor could not renew its lease for "
@@ -195,7 +196,7 @@ class Supervisor:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         for run in self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight)):
-            log.error("run %d of job %d marked Failed: %s", run["id"], run["job_id"], run["error_message"])
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"])
         for job in self.store.unscheduled_active_jobs():
             if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
                 continue

@@ -124,7 +124,7 @@ def _kill_and_recover(name: str, url: str, skew_s: float, tmp_path) -> None:
         killed_at = time.monotonic()
         s1.proc.wait(10)
         assert wait_gone(children, timeout_s=1.5) == [] and grandchild in children
-        s2.wait_for(rf"run {run_id} of job \d+ marked Failed: abandoned", timeout_s=ttl_s + 10)
+        s2.wait_for(rf"run {run_id} of job \S+ marked Failed: abandoned", timeout_s=ttl_s + 10)
         recovered_s = time.monotonic() - killed_at
         s2.wait_for(r"run \d+ started: job long", timeout_s=10, seen=True)
         run = store.get_run(run_id)
@@ -169,7 +169,7 @@ def test_frozen_supervisor_runs_are_fenced_by_its_workers_before_takeover(name, 
             os.kill(s1.proc.pid, signal.SIGSTOP)
             assert wait_gone(busy + [grandchild], timeout_s=ttl_s) == []  # fenced by the worker's watchdog
             assert [r["id"] for r in store.list_runs(job_name="long")] == [run_id]  # before any takeover
-            s2.wait_for(rf"run {run_id} of job \d+ marked Failed: abandoned", timeout_s=ttl_s + 10)
+            s2.wait_for(rf"run {run_id} of job \S+ marked Failed: abandoned", timeout_s=ttl_s + 10)
             s2.wait_for(r"run \d+ started: job long", timeout_s=10, seen=True)
             os.kill(s1.proc.pid, signal.SIGCONT)
             s1.wait_for(r"lease renewed again|fenced|not recorded", timeout_s=15)
@@ -186,4 +186,26 @@ def test_frozen_supervisor_runs_are_fenced_by_its_workers_before_takeover(name, 
         runs = sorted(store.list_runs(job_name="long", limit=1000), key=lambda r: r["started_at"])
         scheduled = [r["scheduled_at"] for r in runs]
         assert len(scheduled) == len(set(scheduled))
+        store.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["postgresql", "mysql"])
+def test_supervisors_started_together_on_an_empty_database_all_come_up(name, tmp_path):
+    """A fleet starting at once: schema creation and the jobs-file sync race; nobody may fail."""
+    jobs_file = tmp_path / "jobs.toml"
+    jobs_file.write_text("".join(f'[[jobs]]\nname = "j{i}"\njob_type = "ok"\ncron_expression = "* * * * * *"\n\n'
+                                 for i in range(8)))
+    with isolated_database(name, tmp_path) as url:
+        sups = [Serve(url, "--jobs", str(jobs_file), "--run-for", "3") for _ in range(4)]
+        try:
+            for s in sups:
+                assert s.proc.wait(60) == 0, "".join(s.output[-20:])
+        finally:
+            for s in sups:
+                s.stop()
+        store = Store.open(url)
+        assert sorted(j["name"] for j in store.list_jobs()) == [f"j{i}" for i in range(8)]
+        scheduled = [(r["job_id"], r["scheduled_at"]) for r in store.list_runs(limit=10_000) if r["scheduled_at"]]
+        assert scheduled and len(scheduled) == len(set(scheduled))
         store.close()

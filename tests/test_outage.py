@@ -306,7 +306,7 @@ def test_partitioned_supervisor_fences_its_runs_and_another_takes_over(tmp_path)
             expires_at = a_row["lease_expires_at"]
             a.wait_for(rf"run {run_id} of job long: Failed not recorded yet", timeout_s=5, seen=True)
 
-            abandoned = b.wait_for(rf"run {run_id} of job \d+ marked Failed: abandoned", timeout_s=ttl_s + 5)
+            abandoned = b.wait_for(rf"run {run_id} of job \S+ marked Failed: abandoned", timeout_s=ttl_s + 5)
             abandoned_s = time.monotonic() - cut_at
             b.wait_for(r"run \d+ started: job long", timeout_s=10, seen=True)
             fenced_t, abandoned_t = _log_time(fenced.string), _log_time(abandoned.string)
