@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rescan-interval-s", type=float, default=1.0,
                        help="longest sleep before looking for job changes and dead supervisors")
     serve.add_argument("--clock-skew-s", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only
+    serve.add_argument("--max-catchup-runs", type=int, default=100,
+                       help="RunAll jobs catch up at most this many missed occurrences")
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--description")
     add.add_argument("--status", default="Active")
     add.add_argument("--concurrency-mode", default="Skip")
+    add.add_argument("--missed-run-policy", default="RunOnce", help="Skip, RunOnce (default) or RunAll")
     add.add_argument("--max-runtime-minutes", type=int)
     add.add_argument("--run-immediately-if-never-run", action="store_true")
     add.add_argument("--start-at", help="ISO-8601; without an offset it is read in --tz")
@@ -185,7 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
                         shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
                         lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
-                        clock_skew_s=args.clock_skew_s)
+                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs)
     if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
@@ -215,7 +218,8 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
             name=args.name, job_type=args.job_type, cron_expression=args.cron_expression, timezone=args.timezone,
             description=args.description, status=args.status, configuration=configuration,
             start_at=_iso_arg("--start-at", args.start_at), end_at=_iso_arg("--end-at", args.end_at),
-            concurrency_mode=args.concurrency_mode, run_immediately_if_never_run=args.run_immediately_if_never_run,
+            concurrency_mode=args.concurrency_mode, missed_run_policy=args.missed_run_policy,
+            run_immediately_if_never_run=args.run_immediately_if_never_run,
             max_runtime_minutes=args.max_runtime_minutes, notify_on_success=args.notify_on_success,
             notify_on_failure=args.notify_on_failure)
     except TypeError as exc:

@@ -29,7 +29,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT. ``lease_ttl_s`` / ``lease_renew_interval_s``:
     the supervisor's liveness lease (see :mod:`liveness`); a dead supervisor's runs are recovered within
     ``lease_ttl_s + rescan_interval_s``. ``clock_skew_s``: added to the local clock reading; for tests
-    that simulate a machine whose clock is wrong.
+    that simulate a machine whose clock is wrong. ``max_catchup_runs``: RunAll's bound on a job's backlog.
     """
 
     database_url: str
@@ -45,6 +45,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_ttl_s: float = 30.0
     lease_renew_interval_s: float = 10.0
     clock_skew_s: float = 0.0
+    max_catchup_runs: int = 100
     instance: str = msgspec.field(default_factory=default_instance)
 
     def __post_init__(self) -> None:
@@ -54,6 +55,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             value = getattr(self, name)
             if not math.isfinite(value) or abs(value) > MAX_SECONDS:
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
+        if not 1 <= self.max_catchup_runs <= 1_000_000:
+            raise InputError("max_catchup_runs", f"must be between 1 and 1000000, got {self.max_catchup_runs}")
         if self.max_concurrent_jobs < 1:
             raise InputError("max_concurrent_jobs", f"must be a positive integer, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",

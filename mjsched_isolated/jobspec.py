@@ -16,7 +16,7 @@ import msgspec
 
 from . import cron, planner
 from .errors import InputError
-from .schema import CONCURRENCY_MODES, JOB_STATUSES
+from .schema import CONCURRENCY_MODES, JOB_STATUSES, MISSED_RUN_POLICIES
 
 
 MAX_RUNTIME_MINUTES = int(planner.MAX_RUN_TIMEOUT_S // 60)
@@ -36,6 +36,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     start_at: dt.datetime | None = None
     end_at: dt.datetime | None = None
     concurrency_mode: str = "Skip"
+    missed_run_policy: str = "RunOnce"
     run_immediately_if_never_run: bool = False
     max_runtime_minutes: int | None = None
     notify_on_success: bool = False
@@ -66,6 +67,8 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
         fail("concurrency_mode", f"must be one of {', '.join(CONCURRENCY_MODES)}, got {spec.concurrency_mode!r}")
+    if spec.missed_run_policy not in MISSED_RUN_POLICIES:
+        fail("missed_run_policy", f"must be one of {', '.join(MISSED_RUN_POLICIES)}, got {spec.missed_run_policy!r}")
     if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import deque
 from typing import Any
 
-from .cron import next_run_time
+import msgspec
+
+from .cron import min_interval_s, next_run_time
 
 Row = dict[str, Any]
 _TICK = dt.timedelta(microseconds=1)
@@ -27,10 +30,80 @@ def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
     return _within_end(job, first)
 
 
+MISSED_RUN_POLICIES = ("Skip", "RunOnce", "RunAll")
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """What to do with a due occurrence: ``run`` it or not, and the job's next ``next_run_at``.
+    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped."""
+
+    run: bool
+    next_run_at: dt.datetime | None
+    missed: bool = False
+    skipped_older: bool = False
+
+
+def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_scheduled: dt.datetime,
+                      now: dt.datetime) -> tuple[str, str | None]:
+    """The reference's ``DecideMissedRun`` (reference-engine-spec.md §5): ``("Run", "Now")``,
+    ``("Run", "MissedOccurrence")`` or ``("SkipAndAdvance", None)``. An occurrence is *missed* when the
+    one after it is already due (``next_after_scheduled <= now``, inclusive). Unknown policies act as
+    RunOnce, the default."""
+    if next_after_scheduled > now:
+        return "Run", "Now"
+    if policy == "Skip":
+        return "SkipAndAdvance", None
+    if policy == "RunAll":
+        return "Run", "MissedOccurrence"
+    return "Run", "Now"
+
+
+def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
+    """Apply the job's ``missed_run_policy`` to its due occurrence ``job["next_run_at"]`` at ``now``.
+
+    RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
+    RunAll: run the missed occurrences oldest first, one claim each, but only the newest
+    ``max_catchup_runs`` of them: a longer backlog is cut in one step (found by walking back from ``now``,
+    never by enumerating it). Raises :class:`CronError` for a bad cron or zone.
+    """
+    cron, zone = job["cron_expression"], job["timezone"]
+    scheduled = job["next_run_at"]
+    following = next_run_time(cron, zone, scheduled)
+    action, advance = decide_missed_run(job.get("missed_run_policy") or "RunOnce", scheduled, following, now)
+    missed = following <= now
+    if action == "SkipAndAdvance":
+        return Decision(run=False, next_run_at=_within_end(job, next_run_time(cron, zone, now)), missed=True)
+    if advance == "Now":
+        return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
+    oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following)
+    if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
+        return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)
+    return Decision(run=True, next_run_at=_within_end(job, following), missed=True)
+
+
+def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime, n: int,
+                          not_before: dt.datetime) -> dt.datetime | None:
+    """The n-th most recent occurrence at or before ``now`` (n = 1: the latest), or None when fewer than n
+    occurrences lie in ``[not_before, now]``. Looks back over a window that starts at n times the
+    expression's shortest interval and doubles, so it reads about n occurrences, never the whole backlog."""
+    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
+    while True:
+        start = now - dt.timedelta(seconds=window_s)
+        if start <= not_before:
+            return None
+        latest: deque[dt.datetime] = deque(maxlen=n)
+        when = next_run_time(cron_expression, timezone, start - _TICK)
+        while when <= now:
+            latest.append(when)
+            when = next_run_time(cron_expression, timezone, when)
+        if len(latest) == n:
+            return latest[0]
+        window_s *= 2
+
+
 def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:
-    """``next_run_at`` once the occurrence ``job["next_run_at"]`` is claimed at ``now``: the first
-    occurrence strictly after ``now`` (missed occurrences collapse into the one being run, like the
-    reference's default ``RunOnce``). None when past ``end_at``."""
+    """``next_run_at`` once the occurrence ``job["next_run_at"]`` is claimed at ``now``, under RunOnce:
+    the first occurrence strictly after ``now``. None when past ``end_at``."""
     after = max(now, job["next_run_at"]) if job.get("next_run_at") else now
     return _within_end(job, next_run_time(job["cron_expression"], job["timezone"], after))
 

@@ -23,6 +23,7 @@ DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 JOB_STATUSES = ("Pending", "Active", "Paused", "Disabled", "Expired")
 RUN_STATUSES = ("Running", "Completed", "Failed", "Cancelled", "Timeout")
 CONCURRENCY_MODES = ("Skip", "Queue", "Concurrent")
+MISSED_RUN_POLICIES = ("Skip", "RunOnce", "RunAll")
 
 
 class UTCDateTime(sa.TypeDecorator):
@@ -82,6 +83,7 @@ jobs = sa.Table(
     sa.Column("last_duration_ms", sa.Float),
     sa.Column("avg_duration_ms", sa.Float),
     sa.Column("concurrency_mode", sa.String(20), nullable=False, server_default="Skip"),
+    sa.Column("missed_run_policy", sa.String(20), nullable=False, server_default="RunOnce"),
     sa.Column("run_immediately_if_never_run", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("max_runtime_minutes", sa.Integer),
     sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),
@@ -94,6 +96,7 @@ jobs = sa.Table(
     sa.Column("updated_at", UTCDateTime, nullable=False),
     _check("status", JOB_STATUSES),
     _check("concurrency_mode", CONCURRENCY_MODES),
+    _check("missed_run_policy", MISSED_RUN_POLICIES),
     sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at"),
 )
 

@@ -233,9 +233,17 @@ class Supervisor:
         try:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
                 return self._reschedule(job, planner.initial_next_run_at(job, now), now)
-            next_run_at = planner.next_after_claim(job, now)
+            decision = planner.decide(job, now, self.settings.max_catchup_runs)
         except CronError as exc:
             self._mark_bad(job, str(exc))
+            return False
+        next_run_at = decision.next_run_at
+        if not decision.run:
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
+                why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); "
+                       f"catching up from {_iso(next_run_at)}" if decision.skipped_older
+                       else "missed and missed_run_policy is Skip")
+                log.warning("job %s: occurrence %s skipped: %s", job["name"], _iso(seen), why)
             return False
         if job["job_type"] not in known:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):

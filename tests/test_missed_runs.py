@@ -1,0 +1,108 @@
+"""Missed-run policy (reference-engine-spec.md §5): the reference's worked examples, the RunAll bound, and
+catch-up through a real supervisor."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+from conftest import add_job
+from mjsched_isolated import planner
+from mjsched_isolated.supervisor import utcnow
+
+UTC = dt.timezone.utc
+SCHEDULED = dt.datetime(2026, 8, 8, 9, 0, tzinfo=UTC)
+NEXT = dt.datetime(2026, 8, 8, 10, 0, tzinfo=UTC)
+
+
+def at(h, m=0, s=0):
+    return dt.datetime(2026, 8, 8, h, m, s, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("now, policy, expected", [
+    (at(9, 0, 30), "Skip", ("Run", "Now")),
+    (at(9, 0, 30), "RunOnce", ("Run", "Now")),
+    (at(9, 0, 30), "RunAll", ("Run", "Now")),
+    (at(9, 0, 1), "Skip", ("Run", "Now")),
+    (at(10), "Skip", ("SkipAndAdvance", None)),  # exactly the next occurrence: missed (inclusive)
+    (at(14), "RunOnce", ("Run", "Now")),
+    (at(14), "Nonsense", ("Run", "Now")),
+    (at(14), "Skip", ("SkipAndAdvance", None)),
+    (at(14), "RunAll", ("Run", "MissedOccurrence")),
+])
+def test_reference_worked_examples(now, policy, expected):
+    assert planner.decide_missed_run(policy, SCHEDULED, NEXT, now) == expected
+
+
+def test_reference_runall_drain_consumes_the_backlog_oldest_first_then_stops():
+    consumed = []
+    scheduled = SCHEDULED
+    for _ in range(6):
+        following = scheduled + dt.timedelta(hours=1)
+        action, advance = planner.decide_missed_run("RunAll", scheduled, following, at(14))
+        consumed.append(scheduled.hour)
+        if advance == "Now":
+            break
+        scheduled = following
+    assert consumed == [9, 10, 11, 12, 13, 14] and advance == "Now"
+
+
+def hourly(policy, next_run_at=SCHEDULED):
+    return {"cron_expression": "0 * * * *", "timezone": "UTC", "next_run_at": next_run_at,
+            "missed_run_policy": policy, "end_at": None}
+
+
+def test_decide_applies_each_policy_after_an_outage():
+    assert planner.decide(hourly("RunOnce"), at(14, 5)) == planner.Decision(run=True, next_run_at=at(15), missed=True)
+    assert planner.decide(hourly("Skip"), at(14, 5)) == planner.Decision(run=False, next_run_at=at(15), missed=True)
+    assert planner.decide(hourly("RunAll"), at(14, 5)) == planner.Decision(run=True, next_run_at=at(10), missed=True)
+    assert planner.decide(hourly("Skip"), at(9, 0, 2)) == planner.Decision(run=True, next_run_at=at(10))
+
+
+def test_runall_backlog_is_bounded_without_enumerating_it():
+    """A per-second job down for a week keeps only its newest max_catchup_runs occurrences, computed by
+    walking back from now: a week of seconds would be 604,800 calls."""
+    job = {"cron_expression": "* * * * * *", "timezone": "UTC", "next_run_at": SCHEDULED,
+           "missed_run_policy": "RunAll", "end_at": None}
+    now = SCHEDULED + dt.timedelta(days=7)
+    started = time.perf_counter()
+    decision = planner.decide(job, now, max_catchup_runs=100)
+    elapsed = time.perf_counter() - started
+    assert decision == planner.Decision(run=False, next_run_at=now - dt.timedelta(seconds=99), missed=True,
+                                        skipped_older=True)
+    assert elapsed < 2.0  # generous; about 10 ms here, the point is that it is not 600,000 steps
+    # a backlog shorter than the bound is left alone
+    short = {**job, "next_run_at": now - dt.timedelta(seconds=50)}
+    assert planner.decide(short, now, 100).next_run_at == now - dt.timedelta(seconds=49)
+
+
+def test_nth_latest_occurrence_of_a_sparse_schedule():
+    # twice a day, 08:00 and 20:00: the 3rd latest at or before 2026-08-08 09:00 is 2026-08-07 08:00
+    got = planner.nth_latest_occurrence("0 8,20 * * *", "UTC", at(9), 3, not_before=at(9) - dt.timedelta(days=30))
+    assert got == dt.datetime(2026, 8, 7, 8, 0, tzinfo=UTC)
+    assert planner.nth_latest_occurrence("0 8,20 * * *", "UTC", at(9), 3, not_before=at(0)) is None
+
+
+def _runs(store, name):
+    return sorted(store.list_runs(job_name=name, limit=1000), key=lambda r: r["scheduled_at"])
+
+
+def test_catch_up_after_downtime_goes_through_the_cap_and_is_visible(store, driver_factory):
+    d = driver_factory(max_concurrent_jobs=2)
+    now = utcnow().replace(minute=0, second=0, microsecond=0)
+    five_hours_ago = now - dt.timedelta(hours=5)
+    add_job(store, "all", "ok", "0 * * * *", next_run_at=five_hours_ago, missed_run_policy="RunAll")
+    add_job(store, "once", "ok", "0 * * * *", next_run_at=five_hours_ago, missed_run_policy="RunOnce")
+    add_job(store, "skip", "ok", "0 * * * *", next_run_at=five_hours_ago, missed_run_policy="Skip")
+    d.until(lambda: len(_runs(store, "all")) >= 6 and len(_runs(store, "once")) >= 1
+            and store.get_job("skip")["skipped_count"] >= 1)
+    all_runs = _runs(store, "all")
+    assert [r["scheduled_at"] for r in all_runs[:6]] == [five_hours_ago + dt.timedelta(hours=h) for h in range(6)]
+    assert all(r["started_at"] - r["scheduled_at"] > dt.timedelta(minutes=-1) for r in all_runs)
+    assert [r["scheduled_at"] for r in _runs(store, "once")] == [five_hours_ago]  # one catch-up run
+    assert _runs(store, "skip") == []  # missed: not run
+    for name in ("all", "once", "skip"):
+        assert store.get_job(name)["next_run_at"] > utcnow() - dt.timedelta(seconds=1)
+    assert d.max_inflight <= 2
