@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--status", default="Active")
     add.add_argument("--concurrency-mode", default="Skip")
     add.add_argument("--missed-run-policy", default="RunOnce", help="Skip, RunOnce (default) or RunAll")
+    add.add_argument("--max-jitter-s", type=float, help="random delay, stable per occurrence, up to S seconds")
     add.add_argument("--max-runtime-minutes", type=int)
     add.add_argument("--run-immediately-if-never-run", action="store_true")
     add.add_argument("--start-at", help="ISO-8601; without an offset it is read in --tz")
@@ -219,6 +220,7 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
             description=args.description, status=args.status, configuration=configuration,
             start_at=_iso_arg("--start-at", args.start_at), end_at=_iso_arg("--end-at", args.end_at),
             concurrency_mode=args.concurrency_mode, missed_run_policy=args.missed_run_policy,
+            max_jitter_s=args.max_jitter_s,
             run_immediately_if_never_run=args.run_immediately_if_never_run,
             max_runtime_minutes=args.max_runtime_minutes, notify_on_success=args.notify_on_success,
             notify_on_failure=args.notify_on_failure)

@@ -37,6 +37,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     end_at: dt.datetime | None = None
     concurrency_mode: str = "Skip"
     missed_run_policy: str = "RunOnce"
+    max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
     max_runtime_minutes: int | None = None
     notify_on_success: bool = False
@@ -69,6 +70,8 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("concurrency_mode", f"must be one of {', '.join(CONCURRENCY_MODES)}, got {spec.concurrency_mode!r}")
     if spec.missed_run_policy not in MISSED_RUN_POLICIES:
         fail("missed_run_policy", f"must be one of {', '.join(MISSED_RUN_POLICIES)}, got {spec.missed_run_policy!r}")
+    if spec.max_jitter_s is not None and not 0 <= spec.max_jitter_s <= 86400:
+        fail("max_jitter_s", f"must be between 0 and 86400 seconds, got {spec.max_jitter_s}")
     if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections import deque
 from typing import Any
 
@@ -134,6 +135,42 @@ def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:
     return None
 
 
+def jitter_s(job: Row, occurrence: dt.datetime) -> float:
+    """The job's delay for ``occurrence``: in ``[0, max_jitter_s)``, the same for the same (job, occurrence)
+    on every supervisor (a hash, not a random draw), so an occurrence keeps one identity. Spreads jobs that
+    share a schedule (many on ``0 * * * *``) over a window; like systemd's ``RandomizedDelaySec`` with
+    ``FixedRandomDelay``. Keep it below the job's interval."""
+    window = job.get("max_jitter_s") or 0.0
+    if window <= 0:
+        return 0.0
+    digest = hashlib.sha256(f"{job.get('name')}|{occurrence.isoformat()}".encode()).digest()
+    return window * int.from_bytes(digest[:8], "big") / 2**64
+
+
 def _within_end(job: Row, when: dt.datetime) -> dt.datetime | None:
+    """``when`` delayed by the job's jitter; None when the occurrence is past ``end_at``."""
     end_at = job.get("end_at")
-    return None if end_at is not None and when > end_at else when
+    if end_at is not None and when > end_at:
+        return None
+    return when + dt.timedelta(seconds=jitter_s(job, when))
+
+
+HIGH_FREQUENCY_S = 300.0  # reference §6.4: HIGH_FREQUENCY_WARNING_THRESHOLD_MS = 5 min
+
+
+def high_frequency_interval_s(job: Row, now: dt.datetime) -> float | None:
+    """The job's shortest interval if it fires more often than every 5 minutes (reference §6.4), else None.
+    Advice only: such jobs still run."""
+    interval = min_interval_s(job["cron_expression"], job["timezone"], now)
+    return interval if interval < HIGH_FREQUENCY_S else None
+
+
+def human_interval(seconds: float) -> str:
+    """``90`` -> ``"1 minute 30 seconds"``, ``0.5`` -> ``"500 ms"`` (the reference's wording)."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    parts = [f"{minutes} minute{'s' * (minutes != 1)}"] if minutes else []
+    if secs or not parts:
+        parts.append(f"{secs} second{'s' * (secs != 1)}")
+    return " ".join(parts)

@@ -84,6 +84,7 @@ jobs = sa.Table(
     sa.Column("avg_duration_ms", sa.Float),
     sa.Column("concurrency_mode", sa.String(20), nullable=False, server_default="Skip"),
     sa.Column("missed_run_policy", sa.String(20), nullable=False, server_default="RunOnce"),
+    sa.Column("max_jitter_s", sa.Float),
     sa.Column("run_immediately_if_never_run", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("max_runtime_minutes", sa.Integer),
     sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),

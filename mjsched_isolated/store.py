@@ -147,6 +147,13 @@ class Store:
         with self.engine.connect() as conn:
             return conn.execute(query).scalar()
 
+    def active_jobs_signature(self) -> tuple:
+        """(count, latest updated_at) of Active jobs: a cheap way to notice that any of them changed."""
+        query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(jobs.c.updated_at), schema.UTCDateTime)).where(
+            jobs.c.status == "Active")
+        with self.engine.connect() as conn:
+            return tuple(conn.execute(query).one())
+
     def unscheduled_active_jobs(self) -> list[Row]:
         """Active jobs without a next_run_at (new, resumed or edited outside the CLI)."""
         query = sa.select(jobs).where(jobs.c.status == "Active", jobs.c.next_run_at.is_(None))

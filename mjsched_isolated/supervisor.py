@@ -71,6 +71,8 @@ class Supervisor:
                                  self.local_now)
         self._logged_failures: set[tuple[str, str]] = set()
         self._logged_types: tuple[str, ...] | None = None
+        self._active_signature: tuple | None = None
+        self._high_frequency_warned: tuple = ()
         self._signals = 0
 
     # -- clocks: read only by the outer loops (serve, run_now) and passed into everything else -------
@@ -195,6 +197,7 @@ class Supervisor:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
+        self._warn_high_frequency(now)
         for run in self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight)):
             log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"])
         for job in self.store.unscheduled_active_jobs():
@@ -476,6 +479,29 @@ class Supervisor:
         if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
             log.error("job %s skipped until it is fixed: %s", job["name"], reason)
         self.bad_jobs[job["id"]] = (job["updated_at"], reason)
+
+    def _warn_high_frequency(self, now: dt.datetime) -> None:
+        """List jobs firing more often than every 5 minutes, once at start and again when that list
+        changes (reference §6.4): advice, not a block. Recomputed only when an Active job changed."""
+        signature = self.store.active_jobs_signature()
+        if signature == self._active_signature:
+            return
+        self._active_signature = signature
+        offenders = []
+        for job in self.store.active_jobs():
+            try:
+                interval = planner.high_frequency_interval_s(job, now)
+            except CronError:
+                continue
+            if interval is not None:
+                offenders.append((job["name"], job["cron_expression"], job["timezone"], interval))
+        offenders.sort()
+        if offenders and offenders != list(self._high_frequency_warned):
+            lines = "\n".join(f"  - {name}: '{expr}' ({zone}) every {planner.human_interval(interval)}"
+                               for name, expr, zone, interval in offenders)
+            log.warning("%d job(s) fire more often than every 5 minutes. They will still run as configured; "
+                        "this is advice, not a block:\n%s", len(offenders), lines)
+        self._high_frequency_warned = tuple(offenders)
 
     def _forget_fixed_bad_jobs(self) -> None:
         """Give a bad job another chance once its row has changed (``updated_at`` moved)."""

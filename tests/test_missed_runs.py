@@ -106,3 +106,39 @@ def test_catch_up_after_downtime_goes_through_the_cap_and_is_visible(store, driv
     for name in ("all", "once", "skip"):
         assert store.get_job(name)["next_run_at"] > utcnow() - dt.timedelta(seconds=1)
     assert d.max_inflight <= 2
+
+
+# -- jitter --------------------------------------------------------------------------------------------------
+def test_jitter_is_off_by_default_stable_per_occurrence_and_within_the_window():
+    base = {"name": "report", "cron_expression": "0 * * * *", "timezone": "UTC", "end_at": None}
+    assert planner.jitter_s(base, at(9)) == 0.0
+    job = {**base, "max_jitter_s": 300.0}
+    delays = [planner.jitter_s(job, at(h)) for h in range(24)]
+    assert all(0.0 <= d < 300.0 for d in delays) and len(set(delays)) == 24
+    assert planner.jitter_s(job, at(9)) == planner.jitter_s(dict(job), at(9))  # same on every supervisor
+    other = {**job, "name": "other-report"}
+    assert planner.jitter_s(other, at(9)) != planner.jitter_s(job, at(9))  # jobs on one schedule spread out
+    first = planner.initial_next_run_at(job, at(8, 30))
+    assert at(9) <= first < at(9, 5)
+    nxt = planner.decide({**job, "next_run_at": first}, first).next_run_at
+    assert at(10) <= nxt < at(10, 5)  # the following occurrence, with its own delay
+
+
+# -- high-frequency warning ------------------------------------------------------------------------------------
+def test_human_interval_wording():
+    assert [planner.human_interval(s) for s in (60, 90, 30, 0.5, 300)] == [
+        "1 minute", "1 minute 30 seconds", "30 seconds", "500 ms", "5 minutes"]
+
+
+def test_high_frequency_jobs_are_listed_once_at_start_and_again_when_they_change(store, driver_factory, caplog):
+    add_job(store, "fast", "ok", "*/30 * * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
+    add_job(store, "slow", "ok", "*/5 * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
+    d = driver_factory(rescan_interval_s=0.1)
+    d.until(lambda: "fire more often" in caplog.text)
+    assert "fast: '*/30 * * * * *' (UTC) every 30 seconds" in caplog.text and "slow:" not in caplog.text
+    first_rescan = d.supervisor.next_rescan_at
+    d.until(lambda: d.supervisor.next_rescan_at > first_rescan + dt.timedelta(seconds=0.3))
+    assert caplog.text.count("fire more often") == 1  # not repeated while nothing changes
+    add_job(store, "faster", "ok", "* * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
+    d.until(lambda: caplog.text.count("fire more often") == 2)
+    assert "faster: '* * * * *' (UTC) every 1 minute" in caplog.text
