@@ -30,6 +30,7 @@ from .store import Store
 
 log = logging.getLogger("mjsched.supervisor")
 UTC = dt.timezone.utc
+CLOCK_JUMP_S = 1.0
 
 
 def utcnow() -> dt.datetime:
@@ -74,6 +75,7 @@ class Supervisor:
         self._active_signature: tuple | None = None
         self._high_frequency_warned: tuple = ()
         self._signals = 0
+        self._last_clock: tuple[dt.datetime, float] | None = None
 
     # -- clocks: read only by the outer loops (serve, run_now) and passed into everything else -------
     def local_now(self) -> dt.datetime:
@@ -81,8 +83,25 @@ class Supervisor:
         return utcnow() + dt.timedelta(seconds=self.settings.clock_skew_s)
 
     def read_clock(self) -> tuple[dt.datetime, float]:
-        """(now in database time, monotonic seconds): what :meth:`step` takes."""
-        return self.local_now() + self.liveness.db_offset, time.monotonic()
+        """(now in database time, monotonic seconds): what :meth:`step` takes. The loop sleeps on the
+        monotonic clock; when it wakes it re-reads the wall clock, and a wall clock that moved differently
+        from the monotonic one (a step, or a machine waking from suspend) makes the next step re-measure the
+        database clock at once."""
+        local, mono = self.local_now(), time.monotonic()
+        self.notice_clock_jump(local, mono)
+        return local + self.liveness.db_offset, mono
+
+    def notice_clock_jump(self, local: dt.datetime, mono: float) -> bool:
+        """True (and a renewal forced) if the wall clock jumped by more than 1 s against the monotonic one."""
+        previous, self._last_clock = self._last_clock, (local, mono)
+        if previous is None:
+            return False
+        jump_s = (local - previous[0]).total_seconds() - (mono - previous[1])
+        if abs(jump_s) <= CLOCK_JUMP_S:
+            return False
+        log.warning("wall clock jumped %+.1f s; re-reading the database clock now", jump_s)
+        self.liveness.next_renew = float("-inf")  # keep_lease re-measures the database clock in this step
+        return True
 
     # -- the outer loop ------------------------------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:

@@ -142,3 +142,49 @@ def test_high_frequency_jobs_are_listed_once_at_start_and_again_when_they_change
     add_job(store, "faster", "ok", "* * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
     d.until(lambda: caplog.text.count("fire more often") == 2)
     assert "faster: '* * * * *' (UTC) every 1 minute" in caplog.text
+
+
+# -- clock jumps (time is passed in: step() is driven with chosen instants) -------------------------------
+def _step_until_idle(d, now, mono):
+    """One step at the given clock, then collect what the children report (bounded)."""
+    d.supervisor.step(now, mono)
+    d.until(lambda: not d.supervisor.inflight, 10)
+
+
+def test_forward_jump_applies_the_missed_run_policy_at_once(store, driver_factory):
+    d = driver_factory()
+    t = (utcnow() + dt.timedelta(days=1)).replace(minute=0, second=0, microsecond=0)  # a future occurrence
+    add_job(store, "hourly", "ok", "0 * * * *", next_run_at=t)
+    add_job(store, "skipper", "ok", "0 * * * *", next_run_at=t, missed_run_policy="Skip")
+    mono = time.monotonic()
+    d.supervisor.step(t - dt.timedelta(minutes=30), mono)
+    assert not d.supervisor.inflight  # nothing due yet
+    jumped = t + dt.timedelta(hours=3)  # the machine woke from suspend 3 h later
+    _step_until_idle(d, jumped, mono + 1)
+    runs = store.list_runs(job_name="hourly")
+    assert [r["scheduled_at"] for r in runs] == [t]  # one catch-up (RunOnce)
+    assert store.get_job("hourly")["next_run_at"] > jumped
+    assert store.list_runs(job_name="skipper") == [] and store.get_job("skipper")["skipped_count"] == 1
+
+
+def test_backward_step_never_suppresses_the_next_due_run(store, driver_factory):
+    d = driver_factory()
+    t = (utcnow() + dt.timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    add_job(store, "hourly", "ok", "0 * * * *", next_run_at=t)
+    mono = time.monotonic()
+    _step_until_idle(d, t + dt.timedelta(seconds=1), mono)
+    assert len(store.list_runs(job_name="hourly")) == 1
+    d.supervisor.step(t - dt.timedelta(hours=2), mono + 2)  # the wall clock was stepped back 2 h
+    _step_until_idle(d, t + dt.timedelta(hours=1, seconds=1), mono + 3)  # the next occurrence still runs
+    assert [r["scheduled_at"] for r in store.list_runs(job_name="hourly")] == [t + dt.timedelta(hours=1), t]
+
+
+def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(store, driver_factory):
+    d = driver_factory()
+    sup = d.supervisor
+    local, mono = utcnow(), time.monotonic()
+    sup.notice_clock_jump(local, mono)  # a baseline (the driver's own readings came before)
+    assert sup.notice_clock_jump(local + dt.timedelta(seconds=5), mono + 5) is False  # wall and monotonic agree
+    assert sup.notice_clock_jump(local + dt.timedelta(seconds=3605), mono + 6) is True  # +1 h jump
+    assert sup.liveness.due(mono + 6)
+    assert sup.notice_clock_jump(local - dt.timedelta(hours=2), mono + 7) is True  # stepped back
