@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from . import jobspec
+from . import cron, jobspec
 from .config import Settings
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     rs = runs.add_parser("show", parents=[common, as_json], help="show one run")
     rs.add_argument("id", type=int)
 
+    cron_cmd = sub.add_parser("cron", help="see what a schedule will do").add_subparsers(
+        dest="action", required=True, parser_class=_Parser)
+    nxt = cron_cmd.add_parser("next", parents=[as_json], help="the next occurrences, local and UTC, DST notes")
+    nxt.add_argument("expression", help="5 fields, or 6 with seconds first")
+    nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
+    nxt.add_argument("--after", help="ISO-8601 start (default now); without an offset it is read in --tz")
+    nxt.add_argument("--count", type=int, default=10)
+
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(dest="action", required=True,
                                                                               parser_class=_Parser)
     plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
         ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
         ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
+        ("cron", "next"): cmd_cron_next,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
@@ -377,6 +386,29 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     else:
         for key, value in row.items():
             print(f"{key:22} {json.dumps(value) if isinstance(value, dict) else _fmt(value)}")
+    return EXIT_OK
+
+
+def cmd_cron_next(args: argparse.Namespace) -> int:
+    from .cronshow import describe_next  # noqa: PLC0415 - only this command needs it
+
+    if not 1 <= args.count <= 1000:
+        raise InputError("--count", f"must be between 1 and 1000, got {args.count}")
+    zone = cron.zone(args.tz) if args.tz else None
+    after = _iso_arg("--after", args.after) or utcnow()
+    if after.tzinfo is None:
+        after = after.replace(tzinfo=zone)
+    try:
+        rows = describe_next(args.expression, args.tz, after, args.count)
+    except InputError as exc:
+        raise InputError({"timezone": "--tz", "cron_expression": "expression"}.get(exc.field, exc.field),
+                         str(exc).split(": ", 1)[-1]) from None
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    for row in rows:
+        local = row["local"].strftime("%Y-%m-%d %H:%M:%S %Z (%z)")
+        print(f"{local:36} {row['utc'].strftime('%Y-%m-%dT%H:%M:%SZ')}  {row['note'] or ''}".rstrip())
     return EXIT_OK
 
 

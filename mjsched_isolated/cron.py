@@ -7,6 +7,8 @@ first**, as in the reference engine (cron-parser): ``0 30 9 * * MON-FRI`` is 09:
 
 from __future__ import annotations
 
+import bisect
+import copy
 import datetime as dt
 import functools
 import zoneinfo
@@ -50,25 +52,210 @@ def validate(cron_expression: str, timezone: str = "UTC") -> None:
         raise CronError("cron_expression", f"invalid cron expression {cron_expression!r}")
 
 
+# --- Daylight-saving rules -------------------------------------------------------------------------
+#
+# Expressions are matched against *local wall times* (naive datetimes, enumerated by croniter, which
+# knows nothing about zones here); each matching wall time is then mapped to UTC instants:
+#
+# 1. Gap (spring forward; the offset increases at instant T from ``ob`` to ``oa``): wall times in
+#    ``[T+ob, T+oa)`` do not exist. If any of them matches, the expression runs once at ``T``, the
+#    first valid instant after the gap (several nonexistent slots collapse into that one instant).
+#    Matching wall times outside the gap keep their times.
+# 2. Fold (fall back; the offset decreases at T): wall times in ``[T+oa, T+ob)`` occur twice. An
+#    expression whose hour field is fixed (no ``*``/``?`` and no step ``/``) runs only in the first
+#    copy; one with a wildcard or step in the hour field runs in both.
+# 3. ``next_run_time`` is the least such instant strictly after ``after``, so iterating it is strictly
+#    increasing in UTC.
+#
+# The UTC timeline is cut into segments of constant offset at the zone's transitions (found by sampling
+# ``utcoffset`` hourly and bisecting to the second, cached per zone and year). Within one segment the
+# wall-time -> UTC mapping is a plain shift, so the common case (no transition between ``after`` and
+# the candidate) costs one croniter step plus a cached bisect.
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+_SAMPLE_STEP = dt.timedelta(hours=1)
+_SECOND = dt.timedelta(seconds=1)
+# How far back a transition can still constrain the next occurrence (a fold's repeated wall times):
+_LOOKBACK = dt.timedelta(days=1)
+
+
+class _Transition(tuple):
+    """``(instant, offset_before, offset_after)``; ``instant`` is the first UTC instant with the new offset."""
+
+    __slots__ = ()
+
+    @property
+    def at(self) -> dt.datetime:
+        return self[0]
+
+    @property
+    def before(self) -> dt.timedelta:
+        return self[1]
+
+    @property
+    def after(self) -> dt.timedelta:
+        return self[2]
+
+
+def _offset(tz: zoneinfo.ZoneInfo, instant: dt.datetime) -> dt.timedelta:
+    return instant.astimezone(tz).utcoffset()  # type: ignore[return-value]
+
+
+def _bisect_change(tz: zoneinfo.ZoneInfo, lo: dt.datetime, hi: dt.datetime, off_lo: dt.timedelta) -> dt.datetime:
+    """The first whole second in ``(lo, hi]`` whose offset differs from ``off_lo`` (which ``hi``'s does)."""
+    lo_s, hi_s = 0, int((hi - lo).total_seconds())
+    while hi_s - lo_s > 1:
+        mid = (lo_s + hi_s) // 2
+        if _offset(tz, lo + dt.timedelta(seconds=mid)) == off_lo:
+            lo_s = mid
+        else:
+            hi_s = mid
+    return lo + dt.timedelta(seconds=hi_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _year_transitions(timezone: str, year: int) -> tuple[tuple[dt.datetime, ...], tuple[_Transition, ...]]:
+    """The offset changes of ``timezone`` whose instant falls in UTC year ``year``: (instants, transitions)."""
+    tz = zone(timezone)
+    if year < 2 or year > 9998:
+        return (), ()
+    start = dt.datetime(year, 1, 1, tzinfo=UTC)
+    end = dt.datetime(year + 1, 1, 1, tzinfo=UTC)
+    found: list[_Transition] = []
+    prev_t = start - _SECOND
+    prev_off = _offset(tz, prev_t)
+    while prev_t < end - _SECOND:
+        t = min(prev_t + _SAMPLE_STEP, end - _SECOND)
+        off = _offset(tz, t)
+        while off != prev_off:  # one or more changes in (prev_t, t]
+            at = _bisect_change(tz, prev_t, t, prev_off)
+            new_off = _offset(tz, at)
+            found.append(_Transition((at, prev_off, new_off)))
+            prev_t, prev_off = at, new_off
+        prev_t, prev_off = t, off
+    return tuple(tr.at for tr in found), tuple(found)
+
+
+def _first_transition(timezone: str, lo: dt.datetime, hi: dt.datetime) -> _Transition | None:
+    """The earliest transition with ``lo < instant <= hi``."""
+    for year in range(lo.year, hi.year + 1):
+        instants, transitions = _year_transitions(timezone, year)
+        i = bisect.bisect_right(instants, lo)
+        if i < len(instants):
+            return transitions[i] if instants[i] <= hi else None
+    return None
+
+
+def _last_transition(timezone: str, lo: dt.datetime, hi: dt.datetime) -> _Transition | None:
+    """The latest transition with ``lo < instant <= hi``."""
+    for year in range(hi.year, lo.year - 1, -1):
+        instants, transitions = _year_transitions(timezone, year)
+        i = bisect.bisect_right(instants, hi)
+        if i > 0:
+            return transitions[i - 1] if instants[i - 1] > lo else None
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _prototype(cron_expression: str) -> tuple[croniter, bool]:
+    """A parsed croniter (copied per use: parsing costs ~0.1 ms) and whether the hour field is fixed."""
+    fields = _fields(cron_expression)
+    six = len(fields) == 6
+    try:
+        proto = croniter(cron_expression, dt.datetime(2000, 1, 1), second_at_beginning=six)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CronError("cron_expression", f"invalid cron expression {cron_expression!r} ({exc})") from None
+    hour = fields[2 if six else 1]
+    fixed_hour = not any(c in hour for c in "*?/")
+    return proto, fixed_hour
+
+
+class _Walls:
+    """Matching local wall times (naive), via one croniter copy."""
+
+    __slots__ = ("_itr", "_expr")
+
+    def __init__(self, cron_expression: str, proto: croniter) -> None:
+        self._itr = copy.copy(proto)
+        self._expr = cron_expression
+
+    def after(self, wall: dt.datetime) -> dt.datetime:
+        """First matching wall time strictly after ``wall``."""
+        try:
+            return self._itr.get_next(dt.datetime, start_time=wall)
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+            raise CronError(
+                "cron_expression", f"invalid cron expression {self._expr!r} ({exc})"
+            ) from None
+
+    def at_or_after(self, wall: dt.datetime) -> dt.datetime:
+        """First matching wall time at or after ``wall`` (a whole second)."""
+        return self.after(wall - _SECOND)
+
+
+def _naive_utc(instant: dt.datetime) -> dt.datetime:
+    return instant.replace(tzinfo=None)
+
+
 def next_run_time(cron_expression: str, timezone: str, after: dt.datetime) -> dt.datetime:
     """The first occurrence strictly after ``after``, as an aware UTC datetime.
 
-    ``after`` must be aware (any zone). The expression is evaluated in ``timezone``.
+    ``after`` must be aware (any zone). The expression is evaluated in ``timezone``, with the
+    daylight-saving rules described above (gap: run once at the first instant after it; fold: first
+    copy only for a fixed hour field, both copies otherwise).
     Raises :class:`CronError` for an invalid expression or zone, :class:`ValueError` for a naive ``after``.
     """
     if after.tzinfo is None:
         raise ValueError("after must be an aware datetime")
-    fields = _fields(cron_expression)
+    proto, fixed_hour = _prototype(cron_expression)
     tz = zone(timezone)
-    try:
-        itr = croniter(cron_expression, after.astimezone(tz), second_at_beginning=len(fields) == 6)
-        result: dt.datetime = itr.get_next(dt.datetime)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CronError("cron_expression", f"invalid cron expression {cron_expression!r} ({exc})") from None
-    result = result.astimezone(UTC)
-    if result <= after:  # guard croniter's DST edge cases: never return a non-increasing time
-        return next_run_time(cron_expression, timezone, after + dt.timedelta(seconds=1))
-    return result
+    walls = _Walls(cron_expression, proto)
+    after = after.astimezone(UTC)
+
+    # The segment containing ``after`` (offset ``off``): first matching wall time after after's own.
+    local = after.astimezone(tz)
+    off: dt.timedelta = local.utcoffset()  # type: ignore[assignment]
+    w = walls.after(local.replace(tzinfo=None, fold=0))
+    prev = _last_transition(timezone, after - _LOOKBACK, after)
+    if fixed_hour and prev is not None and prev.before > prev.after:
+        # shortly past a fold: wall times before prev.at + prev.before already ran in the first copy
+        first_unseen = _naive_utc(prev.at + prev.before)
+        if w < first_unseen:
+            w = walls.at_or_after(first_unseen)
+    seg_start = after
+    while True:
+        candidate = (w - off).replace(tzinfo=UTC)
+        nxt = _first_transition(timezone, seg_start, candidate)
+        if nxt is None:  # the common case: no offset change between after and the candidate
+            return candidate
+        # The candidate lies beyond this segment, so no wall time in [segment's, w) matches.
+        at, ob, oa = nxt
+        if oa > ob:  # gap: wall times [at+ob, at+oa) do not exist; w is the first match >= at+ob
+            if w < _naive_utc(at + oa):
+                return at
+        elif not fixed_hour:  # fold, both copies run: look again from the start of the repeated wall times
+            w = walls.at_or_after(_naive_utc(at + oa))
+        # (fold with a fixed hour: the repeated wall times ran in the first copy; w, >= at+ob, stands)
+        off, seg_start = oa, at
+
+
+def moved_wall_times(cron_expression: str, timezone: str, instant: dt.datetime, limit: int = 3600) -> list[dt.datetime]:
+    """The nonexistent local wall times (naive) of a DST gap that ``instant`` runs for, in order (at most
+    ``limit``); empty unless ``instant`` is the first instant after a gap in which the expression matches."""
+    proto, _ = _prototype(cron_expression)
+    zone(timezone)
+    instant = instant.astimezone(UTC)
+    tr = _first_transition(timezone, instant - _SECOND, instant)
+    if tr is None or tr.at != instant or tr.after <= tr.before:
+        return []
+    walls = _Walls(cron_expression, proto)
+    end = _naive_utc(tr.at + tr.after)
+    out: list[dt.datetime] = []
+    w = walls.at_or_after(_naive_utc(tr.at + tr.before))
+    while w < end and len(out) < limit:
+        out.append(w)
+        w = walls.after(w)
+    return out
 
 
 def min_interval_s(cron_expression: str, timezone: str, after: dt.datetime, samples: int = 6) -> float:

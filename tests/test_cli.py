@@ -180,3 +180,17 @@ def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store):
     assert "queued" in proc.stdout
     assert store.get_job("q")["next_run_at"] <= utcnow()  # the pending occurrence is due now
     assert [r["id"] for r in store.list_runs(job_name="q")] == [1]  # nothing started beside the live run
+
+
+def test_cron_next_shows_local_and_utc_with_dst_notes(cli):
+    out = cli("cron", "next", "30 2 * * *", "--tz", "Europe/Berlin", "--after", "2024-03-30T00:00:00Z",
+              "--count", "3").stdout.splitlines()
+    assert len(out) == 3
+    assert "2024-03-31T01:00:00Z" in out[1] and "does not exist (DST gap)" in out[1]
+    rows = json.loads(cli("cron", "next", "0 2 * * *", "--tz", "Europe/Berlin", "--after", "2023-10-28T12:00:00Z",
+                          "--count", "2", "--json").stdout)
+    assert rows[0]["utc"] == "2023-10-29T00:00:00Z" and rows[0]["note"] == "repeated hour: first copy"
+    assert rows[1]["utc"] == "2023-10-30T01:00:00Z"
+    for args, field in [(["61 * * * *"], "expression"), (["* * * * *", "--tz", "Nowhere/Land"], "timezone"),
+                        (["* * * * *", "--after", "someday"], "--after"), (["* * * * *", "--count", "0"], "--count")]:
+        assert _error_line(cli("cron", "next", *args, expect=2)).startswith(f"error: {field}")
