@@ -29,3 +29,8 @@ class NotFoundError(InputError, LookupError):
 
 class ProtocolError(MjschedError):
     """A message between supervisor and worker could not be decoded."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first line (or its type's name), for one-line log messages."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

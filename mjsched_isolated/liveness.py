@@ -20,6 +20,7 @@ import socket
 import time
 from typing import Callable
 
+from .errors import first_line as _short
 from .store import Store
 
 log = logging.getLogger("mjsched.liveness")
@@ -94,6 +95,3 @@ class Liveness:
             log.warning("supervisor %s: could not mark itself stopped (%s); its lease will expire", self.instance,
                         _short(exc))
 
-
-def _short(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]

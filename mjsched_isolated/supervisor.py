@@ -24,6 +24,7 @@ from typing import Any
 from . import planner, protocol
 from .config import Settings
 from .errors import CronError
+from .errors import first_line as _short
 from .liveness import Liveness
 from .pool import ChildEvent, Pool, Worker
 from .store import Store
@@ -45,7 +46,6 @@ class InFlight:
         self.run_id = run_id
         self.job_id: int = job["id"]
         self.job_name: str = job["name"]
-        self.job_type: str = job["job_type"]
         self.token = token
         self.worker = worker
         self.started_at = started_at
@@ -540,10 +540,6 @@ class Supervisor:
                 self._logged_failures.add(key)
                 log.error("plugin module %s failed to load; its job types are unavailable:\n%s",
                           failure.module, failure.error.rstrip())
-
-
-def _short(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _iso(when: dt.datetime | None) -> str:
