@@ -394,11 +394,11 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
 
     if not 1 <= args.count <= 1000:
         raise InputError("--count", f"must be between 1 and 1000, got {args.count}")
-    zone = cron.zone(args.tz) if args.tz else None
-    after = _iso_arg("--after", args.after) or utcnow()
-    if after.tzinfo is None:
-        after = after.replace(tzinfo=zone)
     try:
+        zone = cron.zone(args.tz)
+        after = _iso_arg("--after", args.after) or utcnow()
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=zone)
         rows = describe_next(args.expression, args.tz, after, args.count)
     except InputError as exc:
         raise InputError({"timezone": "--tz", "cron_expression": "expression"}.get(exc.field, exc.field),

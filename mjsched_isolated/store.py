@@ -123,8 +123,10 @@ class Store:
 
     # -- jobs: what the poll loop reads ------------------------------------------------------------
     def _dispatchable(self, exclude: set[int]):
-        """Active, scheduled, not excluded, and not a Queue job whose live lease makes it wait."""
-        queue_waiting = sa.and_(jobs.c.concurrency_mode == "Queue", sa.not_(self._lease_free()))
+        """Active, scheduled, not excluded, and not waiting: a Queue job (or a RunAll job, which never
+        drops an occurrence) waits while its lease is live."""
+        queue_waiting = sa.and_(sa.or_(jobs.c.concurrency_mode == "Queue", jobs.c.missed_run_policy == "RunAll"),
+                                sa.not_(self._lease_free()))
         conds = [jobs.c.status == "Active", jobs.c.next_run_at.is_not(None), sa.not_(queue_waiting)]
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))

@@ -274,7 +274,7 @@ class Supervisor:
             return False
         if self._claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
             return True
-        if job["concurrency_mode"] == "Skip" and self.store.set_next_run_at(
+        if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll" and self.store.set_next_run_at(
                 job["id"], seen, next_run_at, now, skipped=True):
             log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
                         job["name"], _iso(seen))

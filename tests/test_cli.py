@@ -191,6 +191,6 @@ def test_cron_next_shows_local_and_utc_with_dst_notes(cli):
                           "--count", "2", "--json").stdout)
     assert rows[0]["utc"] == "2023-10-29T00:00:00Z" and rows[0]["note"] == "repeated hour: first copy"
     assert rows[1]["utc"] == "2023-10-30T01:00:00Z"
-    for args, field in [(["61 * * * *"], "expression"), (["* * * * *", "--tz", "Nowhere/Land"], "timezone"),
+    for args, field in [(["61 * * * *"], "expression"), (["* * * * *", "--tz", "Nowhere/Land"], "--tz"),
                         (["* * * * *", "--after", "someday"], "--after"), (["* * * * *", "--count", "0"], "--count")]:
         assert _error_line(cli("cron", "next", *args, expect=2)).startswith(f"error: {field}")

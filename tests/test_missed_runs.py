@@ -188,3 +188,17 @@ def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(
     assert sup.notice_clock_jump(local + dt.timedelta(seconds=3605), mono + 6) is True  # +1 h jump
     assert sup.liveness.due(mono + 6)
     assert sup.notice_clock_jump(local - dt.timedelta(hours=2), mono + 7) is True  # stepped back
+
+
+def test_runall_catch_up_runs_wait_for_each_other_even_in_skip_mode(store, driver_factory):
+    """A backlog is due all at once; each catch-up run must wait for the previous one, not be skipped."""
+    d = driver_factory(max_concurrent_jobs=3)
+    now = utcnow().replace(minute=0, second=0, microsecond=0)
+    add_job(store, "slow-all", "sleep", "0 * * * *", next_run_at=now - dt.timedelta(hours=3),
+            missed_run_policy="RunAll", configuration='{"seconds": 0.3}')
+    d.until(lambda: len([r for r in _runs(store, "slow-all") if r["status"] == "Completed"]) >= 4)
+    runs = _runs(store, "slow-all")
+    assert [r["scheduled_at"] for r in runs[:4]] == [now - dt.timedelta(hours=h) for h in (3, 2, 1, 0)]
+    assert store.get_job("slow-all")["skipped_count"] == 0
+    for a, b in zip(runs, runs[1:]):
+        assert a["completed_at"] <= b["started_at"]  # one at a time
