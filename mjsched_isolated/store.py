@@ -171,11 +171,11 @@ class Store:
         """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
         occurrence; ``status`` optionally changes the status too (e.g. Expired). True if it won."""
         cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
-        values: Row = {"next_run_at": next_run_at, "updated_at": now}
+        values: Row = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
         if skipped:
             values["skipped_count"] = jobs.c.skipped_count + 1
         if status:
-            values["status"] = status
+            values.update(status=status, updated_at=now)
         with self.engine.begin() as conn:
             return conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
 
@@ -205,9 +205,9 @@ class Store:
         token = uuid.uuid4().hex if take_lease else None
         seen = job["next_run_at"]
         conds = [jobs.c.id == job["id"], jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen]
-        values: Row = {"next_run_at": next_run_at, "updated_at": now}
+        values: Row = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
         if status is not None:
-            values["status"] = status
+            values.update(status=status, updated_at=now)
         if take_lease:
             conds.append(self._lease_free())
             values.update(lock_token=token, locked_at=schema.db_now(self.dialect), locked_by_instance=instance,
@@ -356,7 +356,7 @@ class Store:
     def queue_now(self, job_id: int, now: dt.datetime) -> bool:
         """Queue mode's manual run: make the job's pending occurrence due now (if it is not already due)."""
         stmt = jobs.update().where(jobs.c.id == job_id, sa.or_(jobs.c.next_run_at.is_(None), jobs.c.next_run_at > now)
-                                   ).values(next_run_at=now, updated_at=now)
+                                   ).values(next_run_at=now)
         with self.engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 

@@ -506,12 +506,15 @@ class Supervisor:
         if signature == self._active_signature:
             return
         self._active_signature = signature
-        offenders = []
+        offenders, intervals = [], {}
         for job in self.store.active_jobs():
-            try:
-                interval = planner.high_frequency_interval_s(job, now)
-            except CronError:
-                continue
+            key = (job["cron_expression"], job["timezone"])
+            if key not in intervals:
+                try:
+                    intervals[key] = planner.high_frequency_interval_s(job, now)
+                except CronError:
+                    intervals[key] = None
+            interval = intervals[key]
             if interval is not None:
                 offenders.append((job["name"], job["cron_expression"], job["timezone"], interval))
         offenders.sort()
