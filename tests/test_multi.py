@@ -29,6 +29,19 @@ def backend(request, tmp_path):
         yield request.param, url
 
 
+def _ancestors_below(root_pid: int, pid: int) -> list[int]:
+    """The processes under ``root_pid`` that have ``pid`` among their descendants (short-lived ones that
+    vanish meanwhile are ignored)."""
+    found = []
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if pid in [c.pid for c in proc.children(recursive=True)]:
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def _overlaps(spans):
     """Max number of spans (start, end) covering one instant."""
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
@@ -162,8 +175,7 @@ def test_frozen_supervisor_runs_are_fenced_by_its_workers_before_takeover(name, 
         try:
             run_id = int(s1.wait_for(r"run (\d+) started: job long").group(1))
             grandchild = int(s1.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
-            busy = [p.pid for p in psutil.Process(s1.proc.pid).children(recursive=True)
-                    if grandchild in [c.pid for c in p.children(recursive=True)]]
+            busy = _ancestors_below(s1.proc.pid, grandchild)
             s2 = Serve(url, *lease_args)
             s2.wait_for(r"job types available")
             os.kill(s1.proc.pid, signal.SIGSTOP)
