@@ -204,9 +204,11 @@ def _restart_under_load(store: Store, url: str, ttl_s: float, renew_s: float) ->
             live = [r for r in store.running_runs() if r["job_id"] in sleep_ids and r["started_at"] > fresh]
             return live if len(live) >= 2 else None
 
-        _poll(sleeping_runs, 15, "sleep runs in flight", interval_s=0.05)
+        fresh_sleepers = _poll(sleeping_runs, 15, "sleep runs in flight", interval_s=0.05)
         in_flight = {r["id"]: r for r in store.running_runs()}
-        sleeper = next(r for r in in_flight.values() if r["job_id"] in sleep_ids)
+        # the most recently started 2 s run: it is sure to end while the server is down (an older one in
+        # in_flight may end, and be recorded, before the server stops)
+        sleeper = max(fresh_sleepers, key=lambda r: r["started_at"])
         keeper = next(s for s in sups if _instance(s) == sleeper["executed_by_instance"])
         down_at = utcnow()
         out_started = time.monotonic()
