@@ -1,16 +1,31 @@
-"""Engine settings: one frozen msgspec Struct, validated once, durations in seconds (``*_s``)."""
+"""Engine settings: one frozen msgspec Struct with a few sections, validated once, durations in seconds
+(``*_s``), sizes in MiB (``*_mb``).
+
+Where a value comes from, highest first (:func:`load_settings`): command-line flags, then the environment
+(``MJSCHED_<KEY>``, and ``MJSCHED_<SECTION>_<KEY>`` inside a section, e.g. ``MJSCHED_RETENTION_KEEP_DAYS``,
+``MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD``), then the TOML file (``--config FILE`` or ``MJSCHED_CONFIG``),
+then the defaults below. Unknown keys and wrong types are :class:`InputError` naming the key
+(``retention.keep_days``). Secrets (SMTP password, webhook secret, a password in the database URL) are
+never shown by ``repr``/``str`` of these objects.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import socket
+import tomllib
+import typing
+from typing import Any, Literal
 
 import msgspec
 
 from .errors import InputError
 
 MAX_SECONDS = 10 * 365 * 86400.0
+DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
+ENV_PREFIX = "MJSCHED_"
 
 
 def default_instance() -> str:
@@ -18,8 +33,134 @@ def default_instance() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _seconds(section: str, owner: Any, names: tuple[str, ...], *, positive: bool = True) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value is None:
+            continue
+        if not math.isfinite(value) or abs(value) > MAX_SECONDS or (value <= 0 if positive else value < 0):
+            kind = "a positive" if positive else "a non-negative"
+            raise InputError(f"{section}{name}", f"must be {kind} finite number of seconds up to {MAX_SECONDS:.0f}, "
+                                                 f"got {value}")
+
+
+class Retention(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[retention]``: finished runs older than ``keep_days`` are deleted, except each job's newest
+    ``keep_min_per_job`` (``keep_days = 0`` keeps everything: pruning off). The supervisor prunes every
+    ``prune_interval_s``, ``prune_batch_size`` rows per transaction, so it never holds long locks."""
+
+    keep_days: float = 30.0
+    keep_min_per_job: int = 100
+    prune_interval_s: float = 300.0
+    prune_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.keep_days) or not 0 <= self.keep_days <= 36500:
+            raise InputError("retention.keep_days", f"must be between 0 (keep everything) and 36500, got {self.keep_days}")
+        if self.keep_min_per_job < 0:
+            raise InputError("retention.keep_min_per_job", f"must be 0 or more, got {self.keep_min_per_job}")
+        if not 1 <= self.prune_batch_size <= 100_000:
+            raise InputError("retention.prune_batch_size", f"must be between 1 and 100000, got {self.prune_batch_size}")
+        _seconds("retention.", self, ("prune_interval_s",))
+
+
+class Recycling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[recycling]``: a worker child that has run ``max_tasks_per_child`` runs, or whose own resident
+    memory (psutil, measured after each run) exceeds ``max_memory_per_child_mb``, is replaced between
+    runs, never during one. ``None`` (the default) turns a limit off (as Celery's worker options)."""
+
+    max_tasks_per_child: int | None = None
+    max_memory_per_child_mb: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tasks_per_child is not None and self.max_tasks_per_child < 1:
+            raise InputError("recycling.max_tasks_per_child", f"must be 1 or more, got {self.max_tasks_per_child}")
+        mb = self.max_memory_per_child_mb
+        if mb is not None and (not math.isfinite(mb) or not 1 <= mb <= 1_048_576):
+            raise InputError("recycling.max_memory_per_child_mb", f"must be between 1 and 1048576 MiB, got {mb}")
+
+
+class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[metrics]``: Prometheus ``/metrics`` and ``/healthz`` on ``host:port``; off while ``port`` is
+    unset. Binds to 127.0.0.1 unless told otherwise. ``stall_after_s``: ``/healthz`` fails when the poll
+    loop has not completed a step for this long."""
+
+    port: int | None = None
+    host: str = "127.0.0.1"
+    stall_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise InputError("metrics.port", f"must be between 0 and 65535, got {self.port}")
+        _seconds("metrics.", self, ("stall_after_s",))
+
+
+class EmailChannel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[notifications.email]``: SMTP delivery (stdlib smtplib). ``security``: ``none``, ``starttls`` or
+    ``ssl`` (implicit TLS). ``recipients``: used for jobs that name none of their own. ``password`` is a
+    secret: set it with ``MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD`` rather than in the file."""
+
+    host: str
+    sender: str
+    port: int = 25
+    security: Literal["none", "starttls", "ssl"] = "none"
+    username: str | None = None
+    password: str | None = None
+    recipients: list[str] = []
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise InputError("notifications.email.port", f"must be between 1 and 65535, got {self.port}")
+        _seconds("notifications.email.", self, ("timeout_s",))
+
+    def __repr__(self) -> str:
+        return (f"EmailChannel(host={self.host!r}, port={self.port}, security={self.security!r}, "
+                f"sender={self.sender!r}, username={self.username!r}, password={'***' if self.password else None})")
+
+
+class WebhookChannel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[notifications.webhook]``: an HTTP POST of the notification as JSON to ``url``. With ``secret``
+    (set it with ``MJSCHED_NOTIFICATIONS_WEBHOOK_SECRET``), the body is signed: header
+    ``X-Mjsched-Signature: sha256=<hex HMAC-SHA256 of the body>``."""
+
+    url: str
+    secret: str | None = None
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise InputError("notifications.webhook.url", f"must be an http:// or https:// URL, got {self.url!r}")
+        _seconds("notifications.webhook.", self, ("timeout_s",))
+
+    def __repr__(self) -> str:
+        return f"WebhookChannel(url={self.url!r}, timeout_s={self.timeout_s}, secret={'***' if self.secret else None})"
+
+
+class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[notifications]``: the log channel is on unless ``log = false``; email and webhook are on when
+    their section is present. A failed delivery is retried with exponential backoff from
+    ``retry_backoff_s`` up to ``retry_backoff_max_s``, at most ``max_attempts`` times per channel."""
+
+    log: bool = True
+    email: EmailChannel | None = None
+    webhook: WebhookChannel | None = None
+    max_attempts: int = 8
+    retry_backoff_s: float = 5.0
+    retry_backoff_max_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_attempts <= 1000:
+            raise InputError("notifications.max_attempts", f"must be between 1 and 1000, got {self.max_attempts}")
+        _seconds("notifications.", self, ("retry_backoff_s", "retry_backoff_max_s"))
+
+    def channels(self) -> list[str]:
+        """Names of the enabled channels, in delivery order."""
+        return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything the supervisor needs besides its store and pool.
+    """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
     ``lease_timeout_s``: default run deadline and lease length (reference ``defaultLockTimeout``, 600 s);
     a job's ``max_runtime_minutes`` only lengthens it. ``heartbeat_interval_s`` / ``heartbeat_lease_s``:
@@ -30,10 +171,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     the supervisor's liveness lease (see :mod:`liveness`); a dead supervisor's runs are recovered within
     ``lease_ttl_s + rescan_interval_s``. ``clock_skew_s``: added to the local clock reading; for tests
     that simulate a machine whose clock is wrong. ``max_catchup_runs``: RunAll's bound on a job's backlog.
+    ``jobs_file``: TOML jobs file synced when ``serve`` starts (default ``<plugins_dir>/jobs.toml`` when it
+    exists). ``auto_upgrade``: ``serve`` applies pending schema migrations instead of refusing to start.
     """
 
-    database_url: str
+    database_url: str = DEFAULT_DATABASE_URL
     plugins_dir: str = "plugins"
+    jobs_file: str | None = None
     max_concurrent_jobs: int = 5
     lease_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0
@@ -47,8 +191,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     clock_skew_s: float = 0.0
     max_catchup_runs: int = 100
     instance: str = msgspec.field(default_factory=default_instance)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    auto_upgrade: bool = False
+    retention: Retention = msgspec.field(default_factory=Retention)
+    recycling: Recycling = msgspec.field(default_factory=Recycling)
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
+    notifications: Notifications = msgspec.field(default_factory=Notifications)
 
     def __post_init__(self) -> None:
+        if not self.database_url.strip():
+            raise InputError("database_url", "must not be empty")
         for name in ("lease_timeout_s", "shutdown_timeout_s", "rescan_interval_s", "heartbeat_interval_s",
                      "heartbeat_lease_s", "worker_ready_timeout_s", "plugin_import_timeout_s", "lease_ttl_s",
                      "lease_renew_interval_s", "clock_skew_s"):
@@ -57,8 +210,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
         if not 1 <= self.max_catchup_runs <= 1_000_000:
             raise InputError("max_catchup_runs", f"must be between 1 and 1000000, got {self.max_catchup_runs}")
-        if self.max_concurrent_jobs < 1:
-            raise InputError("max_concurrent_jobs", f"must be a positive integer, got {self.max_concurrent_jobs}")
+        if not 1 <= self.max_concurrent_jobs <= 1000:
+            raise InputError("max_concurrent_jobs", f"must be an integer between 1 and 1000, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
@@ -69,3 +222,128 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")
+
+    def __repr__(self) -> str:
+        fields = {f: getattr(self, f) for f in self.__struct_fields__}
+        fields["database_url"] = redact_url(self.database_url)
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (SQLAlchemy's own rendering), for logs and errors."""
+    import sqlalchemy as sa
+
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL at all: nothing to hide in a way we could parse
+        return url
+
+
+# -- loading: flags > environment > file > defaults --------------------------------------------------------
+SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "metrics": Metrics,
+                                             "notifications": Notifications}
+CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The TOML file's table. Raises :class:`InputError` (field ``--config``) if unreadable or not TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise InputError("--config", f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError("--config", f"{path} is not valid TOML: {exc}") from None
+
+
+def _env_value(struct: type[msgspec.Struct], field: str, name: str, raw: str) -> Any:
+    """The environment variable ``name``'s string as ``struct.field``'s type: lists are comma-separated,
+    numbers and booleans (``true``/``false``/``1``/``0``) by msgspec's lax string rules."""
+    kind = typing.get_type_hints(struct)[field]
+    value: Any = [part.strip() for part in raw.split(",") if part.strip()] if typing.get_origin(kind) is list else raw
+    try:
+        return msgspec.convert(value, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InputError(name, str(exc).split(" - at ")[0]) from None
+
+
+def environment_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    """The nested settings table spelled by ``MJSCHED_*`` variables (unknown ``MJSCHED_*`` names are
+    ignored: the CLI reads a few of its own, such as ``MJSCHED_CONFIG``)."""
+    out: dict[str, Any] = {}
+    for field in Settings.__struct_fields__:
+        name = ENV_PREFIX + field.upper()
+        if field not in SECTIONS and (raw := environ.get(name)) is not None:
+            out[field] = _env_value(Settings, field, name, raw)
+    for section, struct in SECTIONS.items():
+        for field in struct.__struct_fields__:
+            if field in CHANNELS:
+                for sub in CHANNELS[field].__struct_fields__:
+                    name = f"{ENV_PREFIX}{section}_{field}_{sub}".upper()
+                    if (raw := environ.get(name)) is not None:
+                        value = _env_value(CHANNELS[field], sub, name, raw)
+                        out.setdefault(section, {}).setdefault(field, {})[sub] = value
+            elif (raw := environ.get(name := f"{ENV_PREFIX}{section}_{field}".upper())) is not None:
+                out.setdefault(section, {})[field] = _env_value(struct, field, name, raw)
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+_FIELD_PREFIX = re.compile(r"(?P<field>[a-z_][a-z0-9_.]*): ")
+
+
+def build_settings(table: dict[str, Any]) -> Settings:
+    """Validate a nested settings table. Raises :class:`InputError` naming the key (``retention.keep_days``)."""
+    try:
+        return msgspec.convert(table, Settings)
+    except InputError:
+        raise
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        text, sep, where = message.rpartition(" - at `$")
+        if not sep:
+            text, where = message, ""
+        field = where.rstrip("`").lstrip(".")
+        if named := _FIELD_PREFIX.match(text):  # an InputError from a __post_init__, wrapped by msgspec
+            field, text = named["field"], text[named.end():]
+        if text.startswith("Object contains unknown field `"):
+            unknown = text.split("`")[1]
+            field, text = (f"{field}.{unknown}" if field else unknown), "unknown setting"
+        elif text.startswith("Object missing required field `"):
+            missing = text.split("`")[1]
+            field, text = (f"{field}.{missing}" if field else missing), "is required"
+        raise InputError(field or "configuration", text) from None
+
+
+def load_settings(*, config_path: str | None = None, environ: dict[str, str] | None = None,
+                  flags: dict[str, Any] | None = None) -> Settings:
+    """Settings from defaults < the TOML file (``config_path``, else ``$MJSCHED_CONFIG``) < ``MJSCHED_*``
+    environment variables < ``flags`` (a nested table of values given on the command line; ``None``
+    values are ignored). Raises :class:`InputError` naming the key at fault."""
+    environ = dict(os.environ if environ is None else environ)
+    path = config_path or environ.get("MJSCHED_CONFIG") or None
+    table = read_config_file(path) if path else {}
+    table = _merge(table, environment_overrides(environ))
+    table = _merge(table, _drop_none(flags or {}))
+    return build_settings(table)
+
+
+def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            value = _drop_none(value)
+            if value:
+                out[key] = value
+        elif value is not None:
+            out[key] = value
+    return out
