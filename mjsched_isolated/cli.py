@@ -21,11 +21,11 @@ import msgspec
 import sqlalchemy as sa
 
 from . import cron, jobspec
-from .config import Settings
+from .config import Settings, load_settings, redact_url
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
 from .pool import Pool
-from .schema import RUN_STATUSES, database_url
+from .schema import RUN_STATUSES
 from .store import Store
 from .supervisor import Supervisor, utcnow
 
@@ -43,10 +43,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="TOML settings file (default: $MJSCHED_CONFIG)")
     common.add_argument("--db", help="database URL (default: $MJSCHED_DATABASE_URL or sqlite:///mjsched.db)")
     common.add_argument("--plugins", help="plugins folder (default: $MJSCHED_PLUGINS_DIR or ./plugins)")
-    common.add_argument("--log-level", default=os.environ.get("MJSCHED_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="default: $MJSCHED_LOG_LEVEL or INFO")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
@@ -55,17 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", parents=[common], help="run the scheduler")
     serve.add_argument("--jobs", help="TOML jobs file synced at start (default: <plugins>/jobs.toml if present)")
-    serve.add_argument("--max-concurrent-jobs", type=int, default=5)
-    serve.add_argument("--lease-timeout-s", type=float, default=600.0)
-    serve.add_argument("--shutdown-timeout-s", type=float, default=30.0)
-    serve.add_argument("--lease-ttl-s", type=float, default=30.0,
-                       help="liveness lease of this supervisor; a dead one is recovered within TTL + rescan")
-    serve.add_argument("--lease-renew-interval-s", type=float, default=10.0)
-    serve.add_argument("--rescan-interval-s", type=float, default=1.0,
-                       help="longest sleep before looking for job changes and dead supervisors")
-    serve.add_argument("--clock-skew-s", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only
-    serve.add_argument("--max-catchup-runs", type=int, default=100,
-                       help="RunAll jobs catch up at most this many missed occurrences")
+    serve.add_argument("--max-concurrent-jobs", type=int, help="the cap: worker children, so runs at once (5)")
+    serve.add_argument("--lease-timeout-s", type=float, help="default run deadline (600)")
+    serve.add_argument("--shutdown-timeout-s", type=float, help="drain bound on SIGTERM/SIGINT (30)")
+    serve.add_argument("--lease-ttl-s", type=float,
+                       help="liveness lease of this supervisor; a dead one is recovered within TTL + rescan (30)")
+    serve.add_argument("--lease-renew-interval-s", type=float, help="(10)")
+    serve.add_argument("--rescan-interval-s", type=float,
+                       help="longest sleep before looking for job changes and dead supervisors (1)")
+    serve.add_argument("--heartbeat-interval-s", type=float, help="at most one deadline extension per interval (300)")
+    serve.add_argument("--heartbeat-lease-s", type=float, help="a heartbeat extends the deadline to now + this (360)")
+    serve.add_argument("--clock-skew-s", type=float, help=argparse.SUPPRESS)  # tests only
+    serve.add_argument("--max-catchup-runs", type=int, help="RunAll jobs catch up at most this many missed occurrences (100)")
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--type", dest="job_type", required=True)
     add.add_argument("--cron", dest="cron_expression", required=True)
     add.add_argument("--tz", dest="timezone", default="UTC")
-    add.add_argument("--config", dest="configuration", help="configuration as a JSON object")
+    add.add_argument("--configuration", dest="configuration", metavar="JSON", help="the plugin's configuration as a JSON object")
     add.add_argument("--description")
     add.add_argument("--status", default="Active")
     add.add_argument("--concurrency-mode", default="Skip")
@@ -114,19 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(dest="action", required=True,
                                                                               parser_class=_Parser)
     plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
+    sub.add_parser("check", parents=[common, as_json],
+                   help="validate the settings, import every plugin, check every job; exit 0 when all is well")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
+    if hasattr(args, "db"):  # a command that reads settings (cron next does not)
+        try:
+            args.settings = load_settings(config_path=args.config, flags=settings_flags(args))
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    logging.basicConfig(level=args.settings.log_level if hasattr(args, "settings") else "INFO", stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = {
         ("serve", None): cmd_serve, ("jobs", "add"): cmd_jobs_add, ("jobs", "list"): cmd_jobs_list,
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
         ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
         ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
-        ("cron", "next"): cmd_cron_next,
+        ("cron", "next"): cmd_cron_next, ("check", None): cmd_check,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
@@ -142,12 +152,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+# command-line flag (argparse dest) -> settings key; a flag left out (None) does not override anything
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "db": ("database_url",), "plugins": ("plugins_dir",), "log_level": ("log_level",), "jobs": ("jobs_file",),
+    **{name: (name,) for name in ("max_concurrent_jobs", "lease_timeout_s", "shutdown_timeout_s", "lease_ttl_s",
+                                  "lease_renew_interval_s", "rescan_interval_s", "heartbeat_interval_s",
+                                  "heartbeat_lease_s", "clock_skew_s", "max_catchup_runs")},
+}
+
+
+def settings_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The nested settings table spelled by the flags given on the command line (highest precedence)."""
+    table: dict[str, Any] = {}
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        node = table
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return table
+
+
 def _plugins_dir(args: argparse.Namespace) -> str:
-    return args.plugins or os.environ.get("MJSCHED_PLUGINS_DIR") or "plugins"
+    return args.settings.plugins_dir
 
 
 def _store(args: argparse.Namespace) -> Store:
-    return open_store(database_url(args.db))
+    return open_store(args.settings.database_url)
 
 
 def open_store(url: str) -> Store:
@@ -155,10 +188,11 @@ def open_store(url: str) -> Store:
     try:
         return Store.open(url)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise InputError("--db", f"not a usable database URL {url!r} ({exc})") from None
+        raise InputError("--db", f"not a usable database URL {redact_url(url)!r} ({exc})") from None
     except sa.exc.OperationalError as exc:
         if getattr(exc, "connection_invalidated", False) or "connect" in str(exc.orig).lower():
-            raise InputError("--db", f"cannot connect to {url!r}: {str(exc.orig).strip().splitlines()[0]}") from None
+            raise InputError("--db", f"cannot connect to {redact_url(url)!r}: "
+                                     f"{str(exc.orig).strip().splitlines()[0]}") from None
         raise
 
 
@@ -194,14 +228,10 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 
 # -- serve -------------------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args),
-                        max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
-                        shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
-                        lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
-                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs)
+    settings: Settings = args.settings
     if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
-    jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
+    jobs_file = settings.jobs_file
     if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
         jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
     store = open_store(settings.database_url)
@@ -220,9 +250,9 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
     try:
         configuration = json.loads(args.configuration) if args.configuration else None
     except json.JSONDecodeError as exc:
-        raise InputError("--config", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
+        raise InputError("--configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
     if configuration is not None and not isinstance(configuration, dict):
-        raise InputError("--config", "must be a JSON object")
+        raise InputError("--configuration", "must be a JSON object")
     try:
         spec = jobspec.JobSpec(
             name=args.name, job_type=args.job_type, cron_expression=args.cron_expression, timezone=args.timezone,
@@ -290,7 +320,7 @@ def cmd_jobs_remove(args: argparse.Namespace) -> int:
 def cmd_jobs_run(args: argparse.Namespace) -> int:
     store = _store(args)
     job = store.get_job(args.name)
-    settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args), max_concurrent_jobs=1)
+    settings = msgspec.structs.replace(args.settings, max_concurrent_jobs=1)
     pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level)
     supervisor = Supervisor(settings, store, pool)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -432,3 +462,48 @@ def _iso_arg(field: str, value: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(value)
     except ValueError:
         raise InputError(field, f"not an ISO-8601 date-time: {value!r}") from None
+
+
+# -- check -------------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """Settings (already loaded: a bad one exited 2), plugins imported in a child, the jobs file, and
+    every job in the database (cron, zone, type, configuration). Exit 0 when all is well, 1 otherwise."""
+    settings: Settings = args.settings
+    problems: list[str] = []
+    notes = [f"settings: ok (database {redact_url(settings.database_url)}, plugins {settings.plugins_dir}, "
+             f"cap {settings.max_concurrent_jobs}, notification channels {', '.join(settings.notifications.channels())})"]
+    report = inspect_plugins(settings.plugins_dir)
+    notes.append(f"plugins: {len(report.plugins)} job type(s): "
+                 + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
+    for failure in report.failures:
+        last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
+        problems.append(f"plugin module {failure.module}: failed to import: {last}")
+    if settings.jobs_file:
+        try:
+            specs = jobspec.load_file(settings.jobs_file)
+            _validate_configs(settings.plugins_dir, specs, prefix=lambda i: f"{settings.jobs_file}: jobs[{i}].")
+            notes.append(f"jobs file {settings.jobs_file}: {len(specs)} job(s) ok")
+        except InputError as exc:
+            problems.append(f"jobs file: {exc}")
+    jobs = _store(args).list_jobs()
+    checks = []
+    for job in jobs:
+        try:
+            cron.validate(job["cron_expression"], job["timezone"])
+        except InputError as exc:
+            problems.append(f"job {job['name']}: {exc}")
+        checks.append((job["job_type"], job["configuration"]))
+    for job, error in zip(jobs, inspect_plugins(settings.plugins_dir, checks).errors if checks else []):
+        if error is not None:
+            problems.append(f"job {job['name']}: {error}")
+    bad = {job["name"] for job in jobs if any(p.startswith(f"job {job['name']}: ") for p in problems)}
+    notes.append(f"jobs: {len(jobs)} in the database, {len(jobs) - len(bad)} ok")
+    if args.json:
+        _print_json({"ok": not problems, "problems": problems, "notes": notes})
+    else:
+        for line in notes:
+            print(line)
+        for line in problems:
+            print(f"PROBLEM {line}")
+        print("all is well" if not problems else f"{len(problems)} problem(s)")
+    return EXIT_OK if not problems else EXIT_FAILED

@@ -245,15 +245,15 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling"
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """The TOML file's table. Raises :class:`InputError` (field ``--config``) if unreadable or not TOML."""
+def read_config_file(path: str, field: str = "--config") -> dict[str, Any]:
+    """The TOML file's table. Raises :class:`InputError` (naming ``field``) if unreadable or not TOML."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except OSError as exc:
-        raise InputError("--config", f"cannot read {path!r}: {exc.strerror or exc}") from None
+        raise InputError(field, f"cannot read {path!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InputError("--config", f"{path} is not valid TOML: {exc}") from None
+        raise InputError(field, f"{path} is not valid TOML: {exc}") from None
 
 
 def _env_value(struct: type[msgspec.Struct], field: str, name: str, raw: str) -> Any:
@@ -331,7 +331,7 @@ def load_settings(*, config_path: str | None = None, environ: dict[str, str] | N
     values are ignored). Raises :class:`InputError` naming the key at fault."""
     environ = dict(os.environ if environ is None else environ)
     path = config_path or environ.get("MJSCHED_CONFIG") or None
-    table = read_config_file(path) if path else {}
+    table = read_config_file(path, "--config" if config_path else "MJSCHED_CONFIG") if path else {}
     table = _merge(table, environment_overrides(environ))
     table = _merge(table, _drop_none(flags or {}))
     return build_settings(table)

@@ -11,14 +11,12 @@ used for every lease decision (acquire, extend, expiry), never the supervisor's.
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 UTC = dt.timezone.utc
-DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 
 JOB_STATUSES = ("Pending", "Active", "Paused", "Disabled", "Expired")
 RUN_STATUSES = ("Running", "Completed", "Failed", "Cancelled", "Timeout")
@@ -135,11 +133,6 @@ supervisors = sa.Table(
     sa.Column("lease_expires_at", UTCDateTime, nullable=False),
     sa.Column("stopped_at", UTCDateTime),
 )
-
-
-def database_url(cli_value: str | None) -> str:
-    """``--db`` if given, else ``MJSCHED_DATABASE_URL``, else a SQLite file in the current directory."""
-    return cli_value or os.environ.get("MJSCHED_DATABASE_URL") or DEFAULT_DATABASE_URL
 
 
 def create_engine(url: str) -> Engine:

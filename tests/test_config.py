@@ -1,0 +1,187 @@
+"""Settings: the TOML file, MJSCHED_* variables and flags, their precedence, errors naming the key, secrets
+kept out of reprs and logs, and the ``check`` command, through real CLI processes where it matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from conftest import FIXTURE_PLUGINS, add_job, isolated_database
+from mjsched_isolated.config import load_settings
+from mjsched_isolated.errors import InputError
+from mjsched_isolated.schema import jobs
+from mjsched_isolated.store import Store
+from procs import Serve
+
+pytestmark = pytest.mark.timeout(60)
+
+PLUGINS = str(Path(__file__).parents[1] / "plugins")
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "mjsched.toml"
+    path.write_text(text)
+    return str(path)
+
+
+# -- the loader --------------------------------------------------------------------------------------------
+def test_precedence_is_flags_then_environment_then_file_then_defaults(tmp_path):
+    path = _toml(tmp_path, "max_concurrent_jobs = 3\nlease_timeout_s = 120\nplugins_dir = 'from-file'\n"
+                           "[retention]\nkeep_days = 7\nkeep_min_per_job = 5\n")
+    env = {"MJSCHED_LEASE_TIMEOUT_S": "90", "MJSCHED_RETENTION_KEEP_DAYS": "14", "MJSCHED_PLUGINS_DIR": "from-env"}
+    s = load_settings(config_path=path, environ=env, flags={"plugins_dir": "from-flag", "max_concurrent_jobs": None})
+    assert s.plugins_dir == "from-flag"  # flag beats environment and file
+    assert s.lease_timeout_s == 90.0 and s.retention.keep_days == 14.0  # environment beats file
+    assert s.max_concurrent_jobs == 3 and s.retention.keep_min_per_job == 5  # file beats defaults; None flag ignored
+    assert s.shutdown_timeout_s == 30.0 and s.retention.prune_batch_size == 500  # defaults
+
+
+def test_config_file_named_by_environment(tmp_path):
+    path = _toml(tmp_path, "max_concurrent_jobs = 4\n")
+    assert load_settings(environ={"MJSCHED_CONFIG": path}).max_concurrent_jobs == 4
+    assert load_settings(config_path=path, environ={"MJSCHED_CONFIG": "/nonexistent"}).max_concurrent_jobs == 4
+
+
+@pytest.mark.parametrize("text, field", [
+    ("bogus = 1\n", "bogus"),
+    ("[retention]\nkeep_dayz = 7\n", "retention.keep_dayz"),
+    ("max_concurrent_jobs = '3'\n", "max_concurrent_jobs"),  # a string in the file is a wrong type, not a number
+    ("[retention]\nkeep_days = -1\n", "retention.keep_days"),
+    ("[notifications.email]\nhost = 'smtp'\n", "notifications.email.sender"),
+    ("[notifications.email]\nhost = 'smtp'\nsender = 'a@b'\nsecurity = 'tls13'\n", "notifications.email.security"),
+    ("[notifications.webhook]\nurl = 'ftp://x'\n", "notifications.webhook.url"),
+    ("[metrics]\nport = 70000\n", "metrics.port"),
+    ("[recycling]\nmax_tasks_per_child = 0\n", "recycling.max_tasks_per_child"),
+    ("lease_ttl_s = 3\n", "lease_renew_interval_s"),
+    ("log_format = 'xml'\n", "log_format"),
+    ("max_concurrent_jobs = 3\nmax_concurrent_jobs = 4\n", "--config"),  # not valid TOML
+])
+def test_bad_file_names_the_key(tmp_path, text, field):
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=_toml(tmp_path, text), environ={})
+    assert err.value.field == field, str(err.value)
+
+
+@pytest.mark.parametrize("env, field", [
+    ({"MJSCHED_MAX_CONCURRENT_JOBS": "five"}, "MJSCHED_MAX_CONCURRENT_JOBS"),
+    ({"MJSCHED_AUTO_UPGRADE": "perhaps"}, "MJSCHED_AUTO_UPGRADE"),
+    ({"MJSCHED_METRICS_PORT": "-1"}, "metrics.port"),
+    ({"MJSCHED_CONFIG": "/nonexistent/mjsched.toml"}, "MJSCHED_CONFIG"),
+])
+def test_bad_environment_names_the_variable(env, field):
+    with pytest.raises(InputError) as err:
+        load_settings(environ=env)
+    assert err.value.field == field, str(err.value)
+
+
+def test_environment_types_lists_and_sections():
+    s = load_settings(environ={"MJSCHED_AUTO_UPGRADE": "true", "MJSCHED_METRICS_PORT": "9108",
+                               "MJSCHED_NOTIFICATIONS_EMAIL_HOST": "smtp.example", "MJSCHED_NOTIFICATIONS_EMAIL_PORT": "587",
+                               "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "sched@example",
+                               "MJSCHED_NOTIFICATIONS_EMAIL_RECIPIENTS": "ops@example, dev@example",
+                               "MJSCHED_NOTIFICATIONS_WEBHOOK_URL": "https://hooks.example/x",
+                               "MJSCHED_UNRELATED_THING": "ignored"})
+    assert s.auto_upgrade is True and s.metrics.port == 9108
+    assert s.notifications.email.port == 587 and s.notifications.email.recipients == ["ops@example", "dev@example"]
+    assert s.notifications.channels() == ["log", "email", "webhook"]
+
+
+def test_secrets_never_in_repr(tmp_path):
+    path = _toml(tmp_path, "database_url = 'postgresql+psycopg://u:dbpass123@db/x'\n"
+                           "[notifications.email]\nhost = 'smtp'\nsender = 'a@b'\nusername = 'u'\n"
+                           "[notifications.webhook]\nurl = 'https://h/x'\n")
+    s = load_settings(config_path=path, environ={"MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD": "smtppass456",
+                                                 "MJSCHED_NOTIFICATIONS_WEBHOOK_SECRET": "hooksecret789"})
+    assert s.notifications.email.password == "smtppass456" and s.notifications.webhook.secret == "hooksecret789"
+    text = repr(s) + str(s) + repr(s.notifications) + str(s.notifications.email)
+    for secret in ("dbpass123", "smtppass456", "hooksecret789"):
+        assert secret not in text
+
+
+# -- through the CLI ---------------------------------------------------------------------------------------
+def _cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
+    return subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
+                          timeout=60, env={**clean, **(env or {})}, cwd=tmp_path)
+
+
+def test_cli_bad_config_is_one_line_exit_2_and_nothing_written(tmp_path):
+    path = _toml(tmp_path, "[retention]\nkeep_days = 'forever'\n")
+    for args in (["serve", "--config", path], ["jobs", "list", "--config", path], ["check", "--config", path]):
+        proc = _cli(tmp_path, *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        assert proc.stderr.startswith("error: retention.keep_days: "), proc.stderr
+    assert not list(tmp_path.glob("*.db*"))  # no database file was created
+
+
+def test_serve_takes_its_settings_from_the_file_and_flags_win(tmp_path):
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    path = _toml(tmp_path, f"database_url = '{db}'\nplugins_dir = '{FIXTURE_PLUGINS}'\nmax_concurrent_jobs = 2\n"
+                           "lease_timeout_s = 45\n")
+    proc = _cli(tmp_path, "serve", "--config", path, "--run-for", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 workers, lease timeout 45 s" in proc.stderr
+    proc = _cli(tmp_path, "serve", "--run-for", "0", "--max-concurrent-jobs", "3", env={"MJSCHED_CONFIG": path,
+                                                                                      "MJSCHED_LEASE_TIMEOUT_S": "50"})
+    assert proc.returncode == 0, proc.stderr
+    assert "3 workers, lease timeout 50 s" in proc.stderr
+
+
+def test_serve_log_hides_database_and_channel_secrets(tmp_path):
+    with isolated_database("postgresql", tmp_path) as url:
+        secret_url = sa.engine.make_url(url).set(password="hunter2pw").render_as_string(hide_password=False)
+        env = {"MJSCHED_NOTIFICATIONS_EMAIL_HOST": "127.0.0.1", "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "s@x",
+               "MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD": "smtpsecret42", "MJSCHED_NOTIFICATIONS_WEBHOOK_URL": "http://127.0.0.1:9/x",
+               "MJSCHED_NOTIFICATIONS_WEBHOOK_SECRET": "hooksecret42"}
+        proc = _cli(tmp_path, "serve", "--db", secret_url, "--plugins", FIXTURE_PLUGINS, "--run-for", "0",
+                    "--log-level", "DEBUG", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "supervisor" in proc.stderr and "***" in proc.stderr
+        for secret in ("hunter2pw", "smtpsecret42", "hooksecret42"):
+            assert secret not in proc.stderr + proc.stdout
+
+
+def test_check_is_zero_when_all_is_well_and_lists_each_problem(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    ok = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "all is well" in ok.stdout and "shell" in ok.stdout
+
+    store = Store.open(db)
+    try:
+        add_job(store, "good", "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}))
+        add_job(store, "bad-config", "shell", "*/5 * * * *", configuration=json.dumps({"command": []}))
+        add_job(store, "bad-type", "no_such_plugin", "*/5 * * * *")
+        add_job(store, "bad-cron", "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}))
+        with store.engine.begin() as conn:  # as another tool or an older version could have written it
+            conn.execute(jobs.update().where(jobs.c.name == "bad-cron").values(cron_expression="61 * * * *"))
+    finally:
+        store.close()
+    bad = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, "--json")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    report = json.loads(bad.stdout)
+    assert not report["ok"]
+    problems = "\n".join(report["problems"])
+    assert "job bad-config: configuration.command" in problems
+    assert "job bad-type: job_type" in problems
+    assert "job bad-cron: cron_expression" in problems
+    assert "good" not in problems and len(report["problems"]) == 3, problems
+
+    broken = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'd.db'}", "--plugins", FIXTURE_PLUGINS)
+    assert broken.returncode == 1 and "broken_import.py: failed to import" in broken.stdout, broken.stdout
+
+
+def test_check_validates_the_configured_jobs_file(tmp_path):
+    jobs_file = tmp_path / "jobs.toml"
+    jobs_file.write_text("[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n"
+                         "[jobs.configuration]\ncommand = ['true']\n")
+    proc = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS,
+                env={"MJSCHED_JOBS_FILE": str(jobs_file)})
+    assert proc.returncode == 1 and "PROBLEM jobs file:" in proc.stdout and "cron_expression" in proc.stdout, proc.stdout
