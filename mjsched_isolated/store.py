@@ -384,13 +384,13 @@ class Store:
     # -- status (read-only views for `status`) -----------------------------------------------------
     def status_supervisors(self, hide_after_s: float = 3600.0) -> list[Row]:
         """Supervisors whose liveness lease is live or ended less than ``hide_after_s`` seconds ago (a clean
-        stop ends it at once), newest heartbeat first. Each row has the ``supervisors`` columns plus
+        stop ends it at once), latest lease expiry first (the live ones). Each row has the ``supervisors`` columns plus
         ``alive`` (lease not expired by the database clock)."""
         now_expr = schema.db_now(self.dialect)
         alive = sa.case((supervisors.c.lease_expires_at > now_expr, sa.true()), else_=sa.false())
         query = (sa.select(supervisors, alive.label("alive"))
                  .where(supervisors.c.lease_expires_at > schema.db_now_plus(self.dialect, -hide_after_s))
-                 .order_by(supervisors.c.heartbeat_at.desc(), supervisors.c.instance))
+                 .order_by(supervisors.c.lease_expires_at.desc(), supervisors.c.instance))
         with self.engine.connect() as conn:
             return [{**r, "alive": bool(r["alive"])} for r in conn.execute(query).mappings()]
 
