@@ -104,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--limit", type=int, default=20)
     rs = runs.add_parser("show", parents=[common, as_json], help="show one run")
     rs.add_argument("id", type=int)
+    rp = runs.add_parser("prune", parents=[common, as_json],
+                         help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
+    rp.add_argument("--keep-days", type=float, help="keep finished runs this many days (0: keep all; "
+                                                    "default: retention.keep_days)")
+    rp.add_argument("--keep-min-per-job", type=int, help="always keep each job's newest M finished runs "
+                                                         "(default: retention.keep_min_per_job)")
+    rp.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    sub.add_parser("status", parents=[common, as_json],
+                   help="supervisors, in-flight runs, next due jobs, recent failures")
 
     cron_cmd = sub.add_parser("cron", help="see what a schedule will do").add_subparsers(
         dest="action", required=True, parser_class=_Parser)
@@ -136,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
         ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
         ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
-        ("cron", "next"): cmd_cron_next, ("check", None): cmd_check,
+        ("cron", "next"): cmd_cron_next, ("check", None): cmd_check, ("runs", "prune"): cmd_runs_prune,
+        ("status", None): cmd_status,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
@@ -239,7 +249,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
         pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir, log_level=logging.getLogger().level,
-                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s)
+                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s,
+                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
+                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb)
         return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
     finally:
         store.close()
@@ -507,3 +519,52 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"PROBLEM {line}")
         print("all is well" if not problems else f"{len(problems)} problem(s)")
     return EXIT_OK if not problems else EXIT_FAILED
+
+# -- status and run retention ------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import status  # noqa: PLC0415 - only this command needs it
+
+    report = status.collect(_store(args))
+    if args.json:
+        _print_json(report)
+        return EXIT_OK
+    print(f"database time {_fmt(report['db_time'])}")
+    for title, key, columns in (("Supervisors", "supervisors", status.SUPERVISOR_COLUMNS),
+                                ("In-flight runs", "in_flight", status.IN_FLIGHT_COLUMNS),
+                                ("Next due jobs", "next_due", status.NEXT_DUE_COLUMNS),
+                                ("Recent failures", "recent_failures", status.FAILURE_COLUMNS)):
+        print(f"\n{title}:")
+        if report[key]:
+            _table(report[key], columns)
+        else:
+            print("(none)")
+    return EXIT_OK
+
+
+def cmd_runs_prune(args: argparse.Namespace) -> int:
+    """Defaults come from the settings (file, environment); the flags override them for this call."""
+    from .config import Retention  # noqa: PLC0415
+
+    base = args.settings.retention
+    given = {k: v for k, v in (("keep_days", args.keep_days), ("keep_min_per_job", args.keep_min_per_job))
+             if v is not None}
+    try:
+        retention = Retention(**{**msgspec.structs.asdict(base), **given})
+    except InputError as exc:
+        flag = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
+        raise InputError(flag.get(exc.field, exc.field) if given else exc.field, str(exc).split(": ", 1)[-1]) from None
+    store = _store(args)
+    now = store.db_now()  # run timestamps are written by the database clock
+    if args.dry_run:
+        count = store.count_prunable_runs(now, retention.keep_days, retention.keep_min_per_job)
+    else:
+        count = store.prune_runs(now, retention.keep_days, retention.keep_min_per_job, retention.prune_batch_size)
+    if args.json:
+        _print_json({"pruned": count, "dry_run": args.dry_run, "keep_days": retention.keep_days,
+                     "keep_min_per_job": retention.keep_min_per_job})
+    elif retention.keep_days <= 0:
+        print("keep_days is 0: every run is kept; nothing pruned")
+    else:
+        print(f"{'would prune' if args.dry_run else 'pruned'} {count} finished run(s) older than "
+              f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job)")
+    return EXIT_OK

@@ -23,11 +23,13 @@ import psutil
 
 from . import child, protocol
 from .errors import ProtocolError
+from .recycling import recycle_reason
 
 log = logging.getLogger("mjsched.pool")
 
 _ctx = multiprocessing.get_context("spawn")
 MAX_RESPAWN_BACKOFF_S = 60.0
+RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop by then is killed
 
 
 class Worker:
@@ -65,11 +67,15 @@ class Pool:
     """``size`` slots of worker children importing plugins from ``plugins_dir``.
 
     ``ready_timeout_s``: a child that has not said Ready by then (a plugin hanging at import) is killed
-    and its slot backs off. All methods are called from the supervisor's single thread.
+    and its slot backs off. ``max_tasks_per_child`` / ``max_memory_per_child_mb`` (None = off): a child
+    over either limit after a run is recycled (see :mod:`recycling`): it gets no new run, is sent ``Stop``
+    (killed if still alive after ``RECYCLE_STOP_TIMEOUT_S``), and its slot is refilled at once, without
+    the crash backoff. All methods are called from the supervisor's single thread.
     """
 
     def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
-                 import_timeout_s: float = 10.0):
+                 import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
+                 max_memory_per_child_mb: float | None = None):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -86,6 +92,10 @@ class Pool:
         # any more); infinite until a supervisor with a liveness lease sets it
         self.fence_at = _ctx.RawValue("d", math.inf)
         self.last_ready: protocol.Ready | None = None
+        self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory_per_child_mb = max_memory_per_child_mb
+        self.recycled = 0
+        self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -107,7 +117,8 @@ class Pool:
         """Ask idle children to stop, kill the rest (busy, or not ready yet), and reap them all
         (bounded by ``timeout_s``)."""
         self.refill = False
-        live = [w for w in self.workers.values() if w is not None]
+        live = [w for w in self.workers.values() if w is not None] + [w for w, _ in self._retiring]
+        self._retiring = []
         for worker in live:
             if worker.idle:
                 try:
@@ -156,9 +167,12 @@ class Pool:
         for worker in {by_handle[h].slot: by_handle[h] for h in ready if h in by_handle}.values():
             if self.workers.get(worker.slot) is not worker:
                 continue
+            runs_before = worker.runs_done
             eof = self._drain(worker, events)  # messages first, so a final RunFinished is never lost
             if eof or worker.process.sentinel in ready:
                 events.append(self._reap(worker))
+            elif worker.runs_done > runs_before and worker.idle:
+                self._recycle_if_due(worker)
         return events, [h for h in ready if h in extra]
 
     def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
@@ -203,6 +217,36 @@ class Pool:
         self._vacate(worker, died_before_ready=False)
         return run
 
+    def _recycle_if_due(self, worker: Worker) -> None:
+        """Between runs: retire ``worker`` if it is over a recycling limit (it gets no new run: its slot is
+        vacated before the caller dispatches again), ask it to stop, and refill the slot at once."""
+        reason = recycle_reason(worker.pid, worker.runs_done, self.max_tasks_per_child, self.max_memory_per_child_mb)
+        if reason is None:
+            return
+        log.info("worker %d recycled %s", worker.pid, reason)
+        try:
+            protocol.send(worker.conn, protocol.Stop())
+        except OSError:
+            pass
+        self.recycled += 1
+        self._retiring.append((worker, time.monotonic() + RECYCLE_STOP_TIMEOUT_S))
+        self._vacate(worker, died_before_ready=False)
+
+    def _reap_retiring(self, now: float) -> None:
+        """Join recycled children that exited; kill (whole tree) those still alive past their bound."""
+        still = []
+        for worker, kill_after in self._retiring:
+            if worker.process.is_alive():  # non-blocking; reaps an exited child
+                if now < kill_after:
+                    still.append((worker, kill_after))
+                    continue
+                log.warning("recycled worker %d did not stop within %.0f s; killing it", worker.pid,
+                            RECYCLE_STOP_TIMEOUT_S)
+                kill_tree(worker.pid)  # still our unreaped child: its pid cannot have been reused
+            worker.process.join(1.0)
+            worker.conn.close()
+        self._retiring = still
+
     def _vacate(self, worker: Worker, died_before_ready: bool) -> None:
         slot = worker.slot
         self.workers[slot] = None
@@ -215,6 +259,8 @@ class Pool:
 
     def _maintain(self) -> None:
         now = time.monotonic()
+        if self._retiring:
+            self._reap_retiring(now)
         for slot, worker in list(self.workers.items()):
             if worker is None and self.refill and now >= self._respawn_at[slot]:
                 self._spawn(slot)
@@ -232,6 +278,7 @@ class Pool:
         times = [self._respawn_at[s] - now for s, w in self.workers.items() if w is None and self.refill]
         times += [w.started_mono + self.ready_timeout_s - now for w in self.workers.values()
                   if w is not None and w.ready is None]
+        times += [kill_after - now for _, kill_after in self._retiring]
         return max(0.0, min(times, default=3600.0))
 
 

@@ -381,6 +381,100 @@ class Store:
         with self.engine.connect() as conn:
             return [_decode_details(dict(r)) for r in conn.execute(query).mappings()]
 
+    # -- status (read-only views for `status`) -----------------------------------------------------
+    def status_supervisors(self, hide_after_s: float = 3600.0) -> list[Row]:
+        """Supervisors whose liveness lease is live or ended less than ``hide_after_s`` seconds ago (a clean
+        stop ends it at once), latest lease expiry first (the live ones). Each row has the ``supervisors`` columns plus
+        ``alive`` (lease not expired by the database clock)."""
+        now_expr = schema.db_now(self.dialect)
+        alive = sa.case((supervisors.c.lease_expires_at > now_expr, sa.true()), else_=sa.false())
+        query = (sa.select(supervisors, alive.label("alive"))
+                 .where(supervisors.c.lease_expires_at > schema.db_now_plus(self.dialect, -hide_after_s))
+                 .order_by(supervisors.c.lease_expires_at.desc(), supervisors.c.instance))
+        with self.engine.connect() as conn:
+            return [{**r, "alive": bool(r["alive"])} for r in conn.execute(query).mappings()]
+
+    def inflight_runs(self) -> list[Row]:
+        """Running runs, oldest first: ``id, job_name, job_type, executed_by_instance, started_at,
+        deadline_at, scheduled_at`` (the ``ix_runs_status`` index)."""
+        query = (sa.select(runs.c.id, jobs.c.name.label("job_name"), jobs.c.job_type, runs.c.executed_by_instance,
+                           runs.c.started_at, runs.c.deadline_at, runs.c.scheduled_at)
+                 .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == "Running")
+                 .order_by(runs.c.started_at, runs.c.id))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def next_due_jobs(self, limit: int = 10) -> list[Row]:
+        """The first ``limit`` Active jobs by ``next_run_at``: ``name, next_run_at, cron_expression,
+        timezone`` (an index walk on ``(status, next_run_at)``)."""
+        query = (sa.select(jobs.c.name, jobs.c.next_run_at, jobs.c.cron_expression, jobs.c.timezone)
+                 .where(jobs.c.status == "Active", jobs.c.next_run_at.is_not(None))
+                 .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def recent_failures(self, limit: int = 10) -> list[Row]:
+        """The last ``limit`` Failed or Timeout runs, newest ``completed_at`` first: ``id, job_name, status,
+        completed_at, error_message`` (whole; callers shorten it)."""
+        query = (sa.select(runs.c.id, jobs.c.name.label("job_name"), runs.c.status, runs.c.completed_at,
+                           runs.c.error_message)
+                 .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status.in_(("Failed", "Timeout")))
+                 .order_by(runs.c.completed_at.desc(), runs.c.id.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    # -- run retention -------------------------------------------------------------------------------
+    def _prunable(self, now: dt.datetime, keep_days: float, keep_min_per_job: int):
+        """(ranked subquery, condition): finished runs that started before ``now - keep_days`` and are not
+        among their job's newest ``keep_min_per_job`` finished runs. ROW_NUMBER() is a window function of
+        SQLite >= 3.25, PostgreSQL and MySQL 8 / MariaDB 10.2."""
+        rank = sa.func.row_number().over(partition_by=runs.c.job_id, order_by=(runs.c.started_at.desc(), runs.c.id.desc()))
+        ranked = (sa.select(runs.c.id, runs.c.started_at, rank.label("rank"))
+                  .where(runs.c.status != "Running").subquery("ranked"))
+        cutoff = now - dt.timedelta(days=keep_days)
+        return ranked, sa.and_(ranked.c.rank > keep_min_per_job, ranked.c.started_at < cutoff)
+
+    def count_prunable_runs(self, now: dt.datetime, keep_days: float, keep_min_per_job: int) -> int:
+        """How many runs :meth:`prune_runs` would delete now (0 when ``keep_days`` is 0: keep everything)."""
+        if keep_days <= 0:
+            return 0
+        ranked, cond = self._prunable(now, keep_days, keep_min_per_job)
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(ranked).where(cond)).scalar_one()
+
+    def prunable_run_ids(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, limit: int) -> list[int]:
+        """Up to ``limit`` ids of runs :meth:`prune_runs` would delete, lowest first (one read; no lock held
+        on SQLite in WAL mode, PostgreSQL or InnoDB). Empty when ``keep_days`` is 0."""
+        if keep_days <= 0:
+            return []
+        ranked, cond = self._prunable(now, keep_days, keep_min_per_job)
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(ranked.c.id).where(cond).order_by(ranked.c.id).limit(limit)).scalars())
+
+    def delete_finished_runs(self, run_ids: list[int]) -> int:
+        """Delete the given runs unless Running, in one short transaction. Returns how many were deleted
+        (ids already gone, e.g. pruned by another supervisor, are not counted)."""
+        if not run_ids:
+            return 0
+        with self.engine.begin() as conn:
+            return conn.execute(runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != "Running")).rowcount
+
+    def prune_runs(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, batch_size: int = 500,
+                   max_batches: int | None = None) -> int:
+        """Delete finished runs that started more than ``keep_days`` days before ``now``, keeping each job's
+        newest ``keep_min_per_job`` finished runs whatever their age; ``keep_days = 0`` keeps everything.
+        Running runs are never touched. Works in batches of at most ``batch_size`` rows, each a read of ids
+        then its own short DELETE transaction (no long locks; several supervisors may prune at once), until
+        nothing is left or ``max_batches`` batches ran. Returns the number of runs deleted."""
+        deleted = batches = 0
+        while max_batches is None or batches < max_batches:
+            ids = self.prunable_run_ids(now, keep_days, keep_min_per_job, batch_size)
+            deleted += self.delete_finished_runs(ids)
+            batches += 1
+            if len(ids) < batch_size:
+                break
+        return deleted
+
 
 def _is_constraint_violation(exc: sa.exc.DBAPIError) -> bool:
     """IntegrityError, or MySQL/MariaDB's CHECK violation, which PyMySQL reports as OperationalError."""

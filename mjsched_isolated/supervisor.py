@@ -27,6 +27,7 @@ from .errors import CronError
 from .errors import first_line as _short
 from .liveness import Liveness
 from .pool import ChildEvent, Pool, Worker
+from .retention import Pruner
 from .store import Store
 
 log = logging.getLogger("mjsched.supervisor")
@@ -68,6 +69,7 @@ class Supervisor:
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
         self.pending: list[tuple[InFlight, dict]] = []  # results not yet recorded (database unreachable)
+        self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
                                  self.local_now)
         self._logged_failures: set[tuple[str, str]] = set()
@@ -170,7 +172,8 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
                 log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
                 self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
-        return self._wake(now, mono, next_due, self.next_rescan_at)
+            self.pruner.step(now)
+        return self._wake(now, mono, next_due, self.next_rescan_at, self.pruner.wake_at(now))
 
     def _wake(self, now: dt.datetime, mono: float, *candidates: dt.datetime | None) -> dt.datetime:
         wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)

@@ -181,3 +181,26 @@ class GilHog(BaseScheduledJob):
         os.write(1, f"gil_hog: run {context.run_id} grandchild {grandchild.pid}\n".encode())
         re.match(r"(a*)*b", "a" * 64)
         return ScheduledJobResult(success=True)
+
+
+class LeakConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    mb: int = 10  # MiB kept alive after each run
+    seconds: float = 0.0  # then sleep this long before returning
+
+
+_LEAKED: list[bytes] = []
+
+
+class Leak(BaseScheduledJob):
+    """Leaks ``mb`` MiB per run (module-level list, pages touched) and reports its pid and resident MiB."""
+
+    job_type = "leak"
+    configuration_type = LeakConfig
+
+    def execute(self, context):
+        import psutil
+
+        _LEAKED.append(b"\x01" * (context.configuration.mb * 1024 * 1024))
+        time.sleep(context.configuration.seconds)
+        rss_mb = psutil.Process().memory_info().rss / (1024 * 1024)
+        return ScheduledJobResult(success=True, details={"pid": os.getpid(), "rss_mb": rss_mb})

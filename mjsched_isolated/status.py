@@ -1,0 +1,44 @@
+"""``status``: one look at a scheduler database: who supervises, what runs, what is next, what failed.
+
+Read-only; every query is a :class:`Store` method. Liveness and "running for" are judged by the
+database clock (the one every lease uses), so the answer is the same from any machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import Store
+
+HIDE_SUPERVISORS_AFTER_S = 3600.0  # supervisors stopped or expired longer ago than this are not listed
+LIMIT = 10
+
+SUPERVISOR_COLUMNS = ["instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at", "alive"]
+IN_FLIGHT_COLUMNS = ["id", "job_name", "job_type", "supervisor", "started_at", "deadline_at", "running_for_s"]
+NEXT_DUE_COLUMNS = ["name", "next_run_at", "cron_expression", "timezone"]
+FAILURE_COLUMNS = ["id", "job_name", "status", "completed_at", "error_message"]
+
+
+def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, limit: int = LIMIT) -> dict[str, Any]:
+    """The status as plain values: ``{"db_time", "supervisors", "in_flight", "next_due", "recent_failures"}``;
+    each list holds dicts with the keys of the matching ``*_COLUMNS`` (``supervisors`` also has
+    ``stopped_at``). ``running_for_s`` is seconds since ``started_at`` by the database clock;
+    ``error_message`` is the first line only. Works on an empty database (empty lists)."""
+    now = store.db_now()
+    supervisors = [{k: row[k] for k in (*SUPERVISOR_COLUMNS, "stopped_at")}
+                   for row in store.status_supervisors(hide_after_s)]
+    in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
+                  "supervisor": r["executed_by_instance"], "started_at": r["started_at"],
+                  "deadline_at": r["deadline_at"],
+                  "running_for_s": round(max(0.0, (now - r["started_at"]).total_seconds()), 3)}
+                 for r in store.inflight_runs()]
+    failures = [{**r, "error_message": _first_line(r["error_message"])} for r in store.recent_failures(limit)]
+    return {"db_time": now, "supervisors": supervisors, "in_flight": in_flight,
+            "next_due": store.next_due_jobs(limit), "recent_failures": failures}
+
+
+def _first_line(text: str | None) -> str | None:
+    if text is None:
+        return None
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
