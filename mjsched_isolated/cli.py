@@ -21,7 +21,7 @@ import msgspec
 import sqlalchemy as sa
 
 from . import cron, jobspec
-from .config import Settings
+from .config import Settings, load_settings
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
 from .pool import Pool
@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--end-at", help="ISO-8601; without an offset it is read in --tz")
     add.add_argument("--notify-on-success", action="store_true")
     add.add_argument("--no-notify-on-failure", dest="notify_on_failure", action="store_false")
+    add.add_argument("--notify-on-missed", action="store_true",
+                     help="notify when an occurrence is skipped (concurrency) or missed (missed-run policy)")
+    add.add_argument("--notify-recipients", metavar="A,B", help="email addresses for this job's notices "
+                     "(default: notifications.email.recipients)")
     jobs.add_parser("list", parents=[common, as_json], help="list jobs")
     for verb, text in (("show", "show one job"), ("pause", "stop scheduling a job"),
                        ("resume", "schedule a job again from now"), ("remove", "delete a job and its runs"),
@@ -198,7 +202,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
                         shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
                         lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
-                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs)
+                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs,
+                        # stopgap until the lead's layered loading lands: [notifications] from $MJSCHED_CONFIG/env
+                        notifications=load_settings().notifications)
     if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
@@ -232,7 +238,9 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
             max_jitter_s=args.max_jitter_s,
             run_immediately_if_never_run=args.run_immediately_if_never_run,
             max_runtime_minutes=args.max_runtime_minutes, notify_on_success=args.notify_on_success,
-            notify_on_failure=args.notify_on_failure)
+            notify_on_failure=args.notify_on_failure, notify_on_missed=args.notify_on_missed,
+            notify_recipients=[a.strip() for a in args.notify_recipients.split(",") if a.strip()]
+            if args.notify_recipients else None)
     except TypeError as exc:
         raise InputError("job", str(exc)) from None
     spec = jobspec.check(spec)

@@ -181,3 +181,31 @@ class GilHog(BaseScheduledJob):
         os.write(1, f"gil_hog: run {context.run_id} grandchild {grandchild.pid}\n".encode())
         re.match(r"(a*)*b", "a" * 64)
         return ScheduledJobResult(success=True)
+
+
+class FancyNotice(BaseScheduledJob):
+    job_type = "fancy_notice"
+    configuration_type = Config
+    description = "succeeds or fails (seconds > 0: fails) with its own notification text"
+
+    def execute(self, context):
+        ok = context.configuration.seconds <= 0
+        return ScheduledJobResult(success=ok, error_message=None if ok else "fancy failure")
+
+    def format_notification(self, context, result):
+        from mjsched_isolated.api import NotificationContent
+
+        return NotificationContent(subject=f"fancy {context.job_name} {'ok' if result.success else 'bad'}",
+                                   body="custom body", priority="Low", metadata={"custom": 1})
+
+
+class BadNotice(BaseScheduledJob):
+    job_type = "bad_notice"
+    configuration_type = Config
+    description = "succeeds, but its format_notification raises"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True, details={"kept": True})
+
+    def format_notification(self, context, result):
+        raise RuntimeError("formatter broke")
