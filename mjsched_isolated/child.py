@@ -26,7 +26,7 @@ import msgspec
 import psutil
 
 from . import protocol
-from .api import JobContext, ScheduledJobResult
+from .api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
 from .errors import ConfigurationError
 from .loader import Registry, load_plugins
 
@@ -105,18 +105,43 @@ def run(registry: Registry, req: protocol.RunRequest, sender: "_Sender") -> prot
         scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
     )
     sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
+    plugin = cls()
     try:
-        result = cls().execute(context)
+        result = plugin.execute(context)
         if not isinstance(result, ScheduledJobResult):
             raise TypeError(f"execute() returned {type(result).__name__}, expected ScheduledJobResult")
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tail = traceback.format_exc()[-4000:]
-        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=f"plugin raised {text}"[:MAX_ERROR_CHARS],
-                                    details={"traceback": tail})
+        error = f"plugin raised {text}"[:MAX_ERROR_CHARS]
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
+                                    notification=notice_text(plugin, context, ScheduledJobResult(
+                                        success=False, error_message=error)))
     error = None if result.error_message is None else str(result.error_message)[:MAX_ERROR_CHARS]
-    return protocol.RunFinished(run_id=req.run_id, success=result.success is True, error_message=error,
-                                details=_jsonable(result.details))
+    outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
+    return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
+                                details=_jsonable(result.details), notification=notice_text(plugin, context, outcome))
+
+
+def notice_text(plugin: BaseScheduledJob, context: JobContext, result: ScheduledJobResult) -> protocol.NoticeText | None:
+    """The plugin's ``format_notification(context, result)`` as a :class:`protocol.NoticeText`. One that
+    raises or returns something other than a valid ``NotificationContent`` is logged and replaced by the
+    default of :class:`BaseScheduledJob`; it never changes the run's result. None if even that fails."""
+    for formatter in (type(plugin).format_notification, BaseScheduledJob.format_notification):
+        try:
+            content = formatter(plugin, context, result)
+            if not isinstance(content, NotificationContent):
+                raise TypeError(f"returned {type(content).__name__}, expected NotificationContent")
+            if content.priority not in ("Low", "Normal", "High"):
+                raise ValueError(f"priority must be Low, Normal or High, got {content.priority!r}")
+            metadata = content.metadata if isinstance(content.metadata, dict) else None
+            return protocol.NoticeText(subject=str(content.subject)[:MAX_ERROR_CHARS],
+                                       body=str(content.body)[:MAX_DETAILS_BYTES], priority=content.priority,
+                                       metadata=_jsonable(metadata))
+        except BaseException as exc:  # noqa: BLE001 - a notice must never break the run's record
+            log.warning("format_notification of %s raised %s: %s; the default notice is used instead",
+                        context.job_type, type(exc).__name__, exc)
+    return None
 
 
 class _Sender:

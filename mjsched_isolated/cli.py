@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--end-at", help="ISO-8601; without an offset it is read in --tz")
     add.add_argument("--notify-on-success", action="store_true")
     add.add_argument("--no-notify-on-failure", dest="notify_on_failure", action="store_false")
+    add.add_argument("--notify-on-missed", action="store_true",
+                     help="notify when an occurrence is skipped (concurrency) or missed (missed-run policy)")
+    add.add_argument("--notify-recipients", metavar="A,B", help="email addresses for this job's notices "
+                     "(default: notifications.email.recipients)")
     jobs.add_parser("list", parents=[common, as_json], help="list jobs")
     for verb, text in (("show", "show one job"), ("pause", "stop scheduling a job"),
                        ("resume", "schedule a job again from now"), ("remove", "delete a job and its runs"),
@@ -274,7 +278,9 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
             max_jitter_s=args.max_jitter_s,
             run_immediately_if_never_run=args.run_immediately_if_never_run,
             max_runtime_minutes=args.max_runtime_minutes, notify_on_success=args.notify_on_success,
-            notify_on_failure=args.notify_on_failure)
+            notify_on_failure=args.notify_on_failure, notify_on_missed=args.notify_on_missed,
+            notify_recipients=[a.strip() for a in args.notify_recipients.split(",") if a.strip()]
+            if args.notify_recipients else None)
     except TypeError as exc:
         raise InputError("job", str(exc)) from None
     spec = jobspec.check(spec)

@@ -42,6 +42,8 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_runtime_minutes: int | None = None
     notify_on_success: bool = False
     notify_on_failure: bool = True
+    notify_on_missed: bool = False
+    notify_recipients: list[str] | None = None
 
 
 class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -75,6 +77,10 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")
+    for i, address in enumerate(spec.notify_recipients or []):
+        local, at, domain = address.strip().rpartition("@")
+        if not at or not local or not domain or any(c.isspace() or c in ",;<>" for c in address.strip()):
+            fail(f"notify_recipients[{i}]", f"not an email address: {address!r}")
     zone = cron.zone(spec.timezone)
     start_at = _aware(spec.start_at, zone)
     end_at = _aware(spec.end_at, zone)
@@ -89,6 +95,8 @@ def row_values(spec: JobSpec) -> dict[str, Any]:
     if values["status"] is msgspec.UNSET:
         del values["status"]
     values["configuration"] = None if spec.configuration is None else json.dumps(spec.configuration, sort_keys=True)
+    values["notify_recipients"] = (json.dumps([a.strip() for a in spec.notify_recipients])
+                                   if spec.notify_recipients else None)
     return values
 
 

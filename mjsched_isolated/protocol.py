@@ -67,13 +67,25 @@ class Heartbeat(msgspec.Struct, tag=True, frozen=True):
     at: float
 
 
+class NoticeText(msgspec.Struct, frozen=True):
+    """The plugin's ``format_notification`` result: ``priority`` is Low, Normal or High; ``metadata`` a
+    JSON object (stored as the notice's ``details``)."""
+
+    subject: str
+    body: str
+    priority: str = "Normal"
+    metadata: dict[str, Any] | None = None
+
+
 class RunFinished(msgspec.Struct, tag=True, frozen=True):
-    """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``."""
+    """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``. ``notification``: the
+    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default)."""
 
     run_id: int
     success: bool
     error_message: str | None = None
     details: dict[str, Any] | None = None
+    notification: NoticeText | None = None
 
 
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):

@@ -87,6 +87,8 @@ jobs = sa.Table(
     sa.Column("max_runtime_minutes", sa.Integer),
     sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("notify_recipients", sa.Text),  # JSON list of addresses; none: the channel's own recipients
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -132,6 +134,38 @@ supervisors = sa.Table(
     # the liveness lease: every lease and run this supervisor holds is live only while this is in the future
     sa.Column("lease_expires_at", UTCDateTime, nullable=False),
     sa.Column("stopped_at", UTCDateTime),
+)
+
+NOTIFICATION_EVENTS = ("Success", "Failure", "Skipped", "Missed")
+NOTIFICATION_STATUSES = ("Pending", "Sent", "Failed")
+PRIORITIES = ("Low", "Normal", "High")
+
+# the durable outbox: one row per (notice, channel), written in the transaction that records its cause
+notifications = sa.Table(
+    "notifications", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("channel", sa.String(20), nullable=False),
+    sa.Column("event", sa.String(20), nullable=False),
+    sa.Column("job_id", sa.Integer),  # no foreign key: a notice outlives its job and its run
+    sa.Column("job_name", sa.String(200), nullable=False),
+    sa.Column("run_id", sa.Integer),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("priority", sa.String(10), nullable=False, server_default="Normal"),
+    sa.Column("recipients", sa.Text),  # JSON list
+    sa.Column("details", sa.Text),  # JSON object (NotificationContent.metadata)
+    sa.Column("status", sa.String(20), nullable=False, server_default="Pending"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", UTCDateTime, nullable=False),
+    sa.Column("claimed_by", sa.String(255)),
+    sa.Column("claimed_until", UTCDateTime),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("sent_at", UTCDateTime),
+    _check("event", NOTIFICATION_EVENTS),
+    _check("status", NOTIFICATION_STATUSES),
+    _check("priority", PRIORITIES),
+    sa.Index("ix_notifications_status_next_attempt_at", "status", "next_attempt_at"),
 )
 
 

@@ -31,9 +31,10 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from . import notices as notices_mod
 from . import schema
 from .errors import InputError, NotFoundError
-from .schema import jobs, runs, supervisors
+from .schema import jobs, notifications, runs, supervisors
 
 Row = dict[str, Any]
 log = logging.getLogger("mjsched.store")
@@ -167,9 +168,11 @@ class Store:
             return [dict(r) for r in conn.execute(sa.select(jobs).where(jobs.c.status == "Active")).mappings()]
 
     def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
-                        now: dt.datetime, *, skipped: bool = False, status: str | None = None) -> bool:
+                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        notices: list[Row] | None = None) -> bool:
         """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
-        occurrence; ``status`` optionally changes the status too (e.g. Expired). True if it won."""
+        occurrence; ``status`` optionally changes the status too (e.g. Expired). ``notices``: outbox rows
+        (:func:`notices.outbox_rows`) written in the same transaction, only if it won. True if it won."""
         cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
         values: Row = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
         if skipped:
@@ -177,7 +180,10 @@ class Store:
         if status:
             values.update(status=status, updated_at=now)
         with self.engine.begin() as conn:
-            return conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
+            won = conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
+            if won and notices:
+                self._insert_notices(conn, notices)
+            return won
 
     # -- the lease ---------------------------------------------------------------------------------
     def _holder_alive(self, instance_column):
@@ -249,10 +255,11 @@ class Store:
     # -- runs --------------------------------------------------------------------------------------
     def finish_run(self, run_id: int, job_id: int, token: str | None, *, status: str, success: bool | None,
                    error_message: str | None, details: dict | None, duration_ms: float | None,
-                   count: bool = True) -> bool:
-        """Record a run's terminal state, update the job's statistics (if ``count``) and release its
-        lease, in one transaction. Only a run still ``Running`` is finished; returns False otherwise
-        (e.g. it was abandoned meanwhile), and then touches nothing else."""
+                   count: bool = True, notices: list[Row] | None = None) -> bool:
+        """Record a run's terminal state, update the job's statistics (if ``count``), release its lease
+        and write ``notices`` (outbox rows, :func:`notices.outbox_rows`), in one transaction. Only a run
+        still ``Running`` is finished; returns False otherwise (e.g. it was abandoned meanwhile), and then
+        touches nothing else."""
         with self.engine.begin() as conn:
             done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "Running").values(
                 status=status, success=success, error_message=error_message, completed_at=schema.db_now(self.dialect),
@@ -264,6 +271,8 @@ class Store:
                 conn.execute(_stats_stmt(job_id, bool(success), duration_ms, schema.db_now(self.dialect)))
             if token is not None:
                 conn.execute(_release_stmt(job_id, token))
+            if notices:
+                self._insert_notices(conn, notices)
         return True
 
     def running_runs(self, instance: str | None = None) -> list[Row]:
@@ -273,12 +282,15 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
-    def abandon_orphaned_runs(self, exclude_run_ids: set[int] = frozenset()) -> list[Row]:
+    def abandon_orphaned_runs(self, exclude_run_ids: set[int] = frozenset(),
+                              notice_channels: tuple[str, ...] | list[str] = ()) -> list[Row]:
         """Mark Failed every Running run whose supervisor is gone (its ``supervisors`` row expired by the DB
-        clock, or missing), count it as a failure and free its job lease (token-checked).
-        ``exclude_run_ids``: runs the caller itself supervises. Returns the abandoned runs."""
+        clock, or missing), count it as a failure and free its job lease (token-checked), and, for jobs
+        with ``notify_on_failure``, write a Failure notice per channel of ``notice_channels`` in the same
+        transaction. ``exclude_run_ids``: runs the caller itself supervises. Returns the abandoned runs."""
         orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"),
-                              schema.db_now(self.dialect).label("db_now"), jobs.c.name.label("job_name"))
+                              schema.db_now(self.dialect).label("db_now"), jobs.c.name.label("job_name"),
+                              jobs.c.notify_on_failure, jobs.c.notify_recipients)
                     .join(jobs, jobs.c.id == runs.c.job_id)
                     .outerjoin(supervisors, supervisors.c.instance == runs.c.executed_by_instance)
                     .where(runs.c.status == "Running", sa.not_(self._holder_alive(runs.c.executed_by_instance))))
@@ -303,8 +315,78 @@ class Store:
                 conn.execute(_stats_stmt(run["job_id"], False, duration_ms, ended))
                 if run["lock_token"] is not None:
                     conn.execute(_release_stmt(run["job_id"], run["lock_token"]))
+                rows = notices_mod.outbox_rows(notices_mod.for_abandoned({**run, "error_message": message}),
+                                               notice_channels)
+                if rows:
+                    self._insert_notices(conn, rows)
             abandoned.append({**run, "error_message": message})
         return abandoned
+
+    # -- notifications: the durable outbox ----------------------------------------------------------
+    def _insert_notices(self, conn: sa.Connection, rows: list[Row]) -> None:
+        """Insert outbox rows (Pending, due now by the DB clock) on ``conn``, inside the caller's transaction."""
+        now_expr = schema.db_now(self.dialect)
+        for row in rows:
+            conn.execute(notifications.insert().values(**row, status="Pending", attempts=0, created_at=now_expr,
+                                                       next_attempt_at=now_expr))
+
+    def due_notification_ids(self, limit: int) -> list[int]:
+        """Ids of Pending notifications due by the DB clock and not claimed (or whose claim expired),
+        oldest first (an index range on ``(status, next_attempt_at)``)."""
+        now_expr = schema.db_now(self.dialect)
+        query = (sa.select(notifications.c.id)
+                 .where(notifications.c.status == "Pending", notifications.c.next_attempt_at <= now_expr,
+                        sa.or_(notifications.c.claimed_until.is_(None), notifications.c.claimed_until < now_expr))
+                 .order_by(notifications.c.next_attempt_at, notifications.c.id).limit(limit))
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def claim_notification(self, notification_id: int, instance: str, lease_s: float) -> Row | None:
+        """Claim one due notification for ``lease_s`` seconds (DB clock) and count the attempt: one
+        conditional UPDATE judged by its row count, so of several senders exactly one wins. Returns the
+        claimed row, or None if it is no longer due or another sender holds it."""
+        now_expr = schema.db_now(self.dialect)
+        stmt = notifications.update().where(
+            notifications.c.id == notification_id, notifications.c.status == "Pending",
+            notifications.c.next_attempt_at <= now_expr,
+            sa.or_(notifications.c.claimed_until.is_(None), notifications.c.claimed_until < now_expr),
+        ).values(claimed_by=instance, claimed_until=schema.db_now_plus(self.dialect, lease_s),
+                 attempts=notifications.c.attempts + 1)
+        with self.engine.begin() as conn:
+            if conn.execute(stmt).rowcount != 1:
+                return None
+            return dict(conn.execute(sa.select(notifications).where(notifications.c.id == notification_id))
+                        .mappings().one())
+
+    def notification_sent(self, notification_id: int, instance: str) -> bool:
+        """Mark a notification this sender claimed as Sent (DB clock). False if the claim was lost."""
+        return self._settle_notification(notification_id, instance, status="Sent",
+                                         sent_at=schema.db_now(self.dialect), last_error=None)
+
+    def notification_attempt_failed(self, notification_id: int, instance: str, error: str,
+                                    retry_in_s: float | None) -> bool:
+        """Record a failed delivery: Pending again, due in ``retry_in_s`` seconds (DB clock), or Failed for
+        good when ``retry_in_s`` is None. ``error`` is stored as ``last_error`` (callers keep secrets out
+        of it). False if the claim was lost."""
+        if retry_in_s is None:
+            return self._settle_notification(notification_id, instance, status="Failed", last_error=error)
+        return self._settle_notification(notification_id, instance, status="Pending", last_error=error,
+                                         next_attempt_at=schema.db_now_plus(self.dialect, retry_in_s))
+
+    def _settle_notification(self, notification_id: int, instance: str, **values: Any) -> bool:
+        stmt = notifications.update().where(
+            notifications.c.id == notification_id, notifications.c.status == "Pending",
+            notifications.c.claimed_by == instance).values(claimed_until=None, **values)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def list_notifications(self, *, status: str | None = None, limit: int = 1000) -> list[Row]:
+        """Outbox rows, oldest first (``recipients``/``details`` as stored: JSON text)."""
+        query = sa.select(notifications).order_by(notifications.c.id).limit(limit)
+        if status is not None:
+            query = query.where(notifications.c.status == status)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
 
     # -- supervisors (liveness leases) ---------------------------------------------------------------
     def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:

@@ -21,11 +21,12 @@ import socket
 import time
 from typing import Any
 
-from . import planner, protocol
+from . import notices, planner, protocol
 from .config import Settings
 from .errors import CronError
 from .errors import first_line as _short
 from .liveness import Liveness
+from .notifier import Notifier
 from .pool import ChildEvent, Pool, Worker
 from .retention import Pruner
 from .store import Store
@@ -53,6 +54,8 @@ class InFlight:
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
+        self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
+                                            "notify_recipients")}  # what notices need
 
 
 class Supervisor:
@@ -78,6 +81,8 @@ class Supervisor:
         self._high_frequency_warned: tuple = ()
         self._signals = 0
         self._last_clock: tuple[dt.datetime, float] | None = None
+        self.notifier: Notifier | None = None  # the notification sender, started by serve
+        self.on_delivery_failure = None  # optional callable(channel: str), handed to the sender
 
     # -- clocks: read only by the outer loops (serve, run_now) and passed into everything else -------
     def local_now(self) -> dt.datetime:
@@ -116,6 +121,8 @@ class Supervisor:
         try:
             stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
             self.pool.start()
+            self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
+                                     on_delivery_failure=self.on_delivery_failure).start()
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
                      self.store.engine.url.render_as_string(hide_password=True))
@@ -143,6 +150,8 @@ class Supervisor:
             rsock.close()
             wsock.close()
             self.pool.close()
+            if self.notifier is not None:
+                self.notifier.stop()
             self.liveness.stop()
         log.info("supervisor %s stopped", self.settings.instance)
         return 0
@@ -220,7 +229,11 @@ class Supervisor:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         self._warn_high_frequency(now)
-        for run in self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight)):
+        abandoned = self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight),
+                                                     notice_channels=self.settings.notifications.channels())
+        if abandoned and self.notifier is not None:
+            self.notifier.wake()
+        for run in abandoned:
             log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"])
         for job in self.store.unscheduled_active_jobs():
             if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
@@ -264,10 +277,11 @@ class Supervisor:
             return False
         next_run_at = decision.next_run_at
         if not decision.run:
-            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
-                why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); "
-                       f"catching up from {_iso(next_run_at)}" if decision.skipped_older
-                       else "missed and missed_run_policy is Skip")
+            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); "
+                   f"catching up from {_iso(next_run_at)}" if decision.skipped_older
+                   else "missed and missed_run_policy is Skip")
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True,
+                                          notices=self._skip_notices(job, seen, "Missed", why)):
                 log.warning("job %s: occurrence %s skipped: %s", job["name"], _iso(seen), why)
             return False
         if job["job_type"] not in known:
@@ -277,11 +291,21 @@ class Supervisor:
             return False
         if self._claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
             return True
+        busy = "a run is still live (concurrency_mode Skip)"
         if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll" and self.store.set_next_run_at(
-                job["id"], seen, next_run_at, now, skipped=True):
+                job["id"], seen, next_run_at, now, skipped=True,
+                notices=self._skip_notices(job, seen, "Skipped", busy)):
             log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
                         job["name"], _iso(seen))
         return False
+
+    def _skip_notices(self, job: dict, seen: dt.datetime | None, event: str, why: str) -> list[dict]:
+        """Outbox rows for an occurrence not run (written with the skip, in its transaction)."""
+        rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
+                                   self.settings.notifications.channels())
+        if rows and self.notifier is not None:
+            self.notifier.wake()  # the sender looks once the transaction has committed (or at its next poll)
+        return rows
 
     def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
         if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):
@@ -374,7 +398,7 @@ class Supervisor:
                 del self.inflight[message.run_id]
                 self.record(flight, now, status="Completed" if message.success else "Failed",
                             success=message.success, error_message=message.error_message,
-                            details=message.details)
+                            details=message.details, notification=message.notification)
             elif isinstance(message, protocol.RunStarted) and flight is not None:
                 log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
                           (message.at - flight.started_at.timestamp()) * 1000)
@@ -460,11 +484,16 @@ class Supervisor:
 
     # -- recording --------------------------------------------------------------------------------
     def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
-               error_message: str | None = None, details: dict | None = None, count: bool = True) -> None:
-        """Write the run's terminal state, the job's statistics and the lease release (one transaction).
-        ``duration_ms`` is the run row's ``completed_at - started_at``, as in the reference."""
+               error_message: str | None = None, details: dict | None = None, count: bool = True,
+               notification: protocol.NoticeText | None = None) -> None:
+        """Write the run's terminal state, the job's statistics, the lease release and its notices (one
+        transaction). ``duration_ms`` is the run row's ``completed_at - started_at``, as in the reference.
+        ``notification``: the plugin's formatted notice (see :mod:`notices` for who is notified when)."""
         outcome = dict(status=status, success=success, error_message=error_message, details=details, count=count,
-                       duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000))
+                       duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000),
+                       notices=notices.outbox_rows(
+                           notices.for_run(flight.job, flight.run_id, status=status, error_message=error_message,
+                                           text=notification), self.settings.notifications.channels()))
         if not self._store_outcome(flight, outcome):
             self.pending.append((flight, outcome))
             log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",
@@ -491,6 +520,8 @@ class Supervisor:
                         "another supervisor, or its job was removed)",
                         flight.run_id, flight.job_name, status)
             return True
+        if outcome["notices"] and self.notifier is not None:
+            self.notifier.wake()
         level = logging.INFO if status == "Completed" else logging.ERROR
         log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
                 duration_ms, f": {error_message}" if error_message and status != "Completed" else "")

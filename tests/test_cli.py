@@ -52,6 +52,7 @@ def _error_line(proc) -> str:
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "9999-12-31T23:59:59Z"], "start_at"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "tomorrow"], "--start-at"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "2030-01-02", "--end-at", "2030-01-01"], "end_at"),
+    (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,nobody"], "notify_recipients[1]"),
 ])
 def test_bad_input_is_one_line_naming_the_field_exit_2_and_nothing_written(cli, args, field):
     proc = cli("jobs", "add", "j", *args, expect=2)
@@ -194,3 +195,13 @@ def test_cron_next_shows_local_and_utc_with_dst_notes(cli):
     for args, field in [(["61 * * * *"], "expression"), (["* * * * *", "--tz", "Nowhere/Land"], "--tz"),
                         (["* * * * *", "--after", "someday"], "--after"), (["* * * * *", "--count", "0"], "--count")]:
         assert _error_line(cli("cron", "next", *args, expect=2)).startswith(f"error: {field}")
+
+
+def test_jobs_add_notify_flags_are_stored_and_shown(cli):
+    cli("jobs", "add", "n", "--type", "ok", "--cron", "0 0 1 1 *", "--notify-on-missed",
+        "--notify-recipients", "ops@x.org, dev@x.org")
+    job = json.loads(cli("jobs", "show", "n", "--json").stdout)
+    assert job["notify_on_missed"] is True and job["notify_on_failure"] is True
+    assert json.loads(job["notify_recipients"]) == ["ops@x.org", "dev@x.org"]
+    shown = cli("jobs", "show", "n").stdout
+    assert "notify_on_missed" in shown and "dev@x.org" in shown

@@ -57,6 +57,8 @@ def test_check_accepts_a_valid_spec_and_returns_aware_utc():
     ({"start_at": utc(2030, 1, 1), "end_at": utc(2030, 1, 1)}, "end_at"),
     ({"name": "  "}, "name"),
     ({"job_type": ""}, "job_type"),
+    ({"notify_recipients": ["ops@example.org", "not-an-address"]}, "notify_recipients[1]"),
+    ({"notify_recipients": ["a b@example.org"]}, "notify_recipients[0]"),
 ])
 def test_check_errors_name_the_field(kw, field):
     with pytest.raises(InputError) as info:
@@ -370,3 +372,20 @@ def test_queued_at():
     assert planner.queued_at(job(concurrency_mode="Skip", last_run_at=late), scheduled) is None
     assert planner.queued_at(job(concurrency_mode="Queue", last_run_at=late), None) is None
     assert planner.queued_at(job(concurrency_mode="Queue"), scheduled) is None
+
+
+def test_notify_keys_in_a_jobs_file_reach_the_row(tmp_path: Path):
+    path = tmp_path / "jobs.toml"
+    path.write_text(textwrap.dedent("""
+        [[jobs]]
+        name = "n"
+        job_type = "ok"
+        cron_expression = "0 3 * * *"
+        notify_on_missed = true
+        notify_recipients = ["ops@example.org", "dev@example.org"]
+    """))
+    (only,) = jobspec.load_file(path)
+    values = jobspec.row_values(only)
+    assert values["notify_on_missed"] is True and values["notify_on_failure"] is True
+    assert json.loads(values["notify_recipients"]) == ["ops@example.org", "dev@example.org"]
+    assert jobspec.row_values(spec())["notify_recipients"] is None and spec().notify_on_missed is False

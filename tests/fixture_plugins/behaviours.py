@@ -204,3 +204,30 @@ class Leak(BaseScheduledJob):
         time.sleep(context.configuration.seconds)
         rss_mb = psutil.Process().memory_info().rss / (1024 * 1024)
         return ScheduledJobResult(success=True, details={"pid": os.getpid(), "rss_mb": rss_mb})
+
+class FancyNotice(BaseScheduledJob):
+    job_type = "fancy_notice"
+    configuration_type = Config
+    description = "succeeds or fails (seconds > 0: fails) with its own notification text"
+
+    def execute(self, context):
+        ok = context.configuration.seconds <= 0
+        return ScheduledJobResult(success=ok, error_message=None if ok else "fancy failure")
+
+    def format_notification(self, context, result):
+        from mjsched_isolated.api import NotificationContent
+
+        return NotificationContent(subject=f"fancy {context.job_name} {'ok' if result.success else 'bad'}",
+                                   body="custom body", priority="Low", metadata={"custom": 1})
+
+
+class BadNotice(BaseScheduledJob):
+    job_type = "bad_notice"
+    configuration_type = Config
+    description = "succeeds, but its format_notification raises"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True, details={"kept": True})
+
+    def format_notification(self, context, result):
+        raise RuntimeError("formatter broke")

@@ -1,0 +1,117 @@
+"""Which outcomes notify, and the text of the notices the supervisor formats itself.
+
+A notice is decided when its cause is recorded and becomes one outbox row per enabled channel
+(:func:`outbox_rows`), written by the store in the transaction that records the cause. Rules (reference
+§7.3 ``NotificationManager``, made complete):
+
+* ``Success``: a Completed run of a job with ``notify_on_success``.
+* ``Failure``: a Failed or Timeout run of a job with ``notify_on_failure``: plugin errors, exceptions, dead
+  workers, deadline kills, fenced and abandoned runs (the reference missed runs that throw).
+* ``Skipped`` / ``Missed``: an occurrence dropped by ``concurrency_mode`` Skip / by the missed-run policy,
+  for a job with ``notify_on_missed``.
+* Cancelled runs (shutdown) never notify.
+
+The plugin's ``format_notification`` text (formatted in the worker child, carried by ``RunFinished``) is
+used when present; crashes, timeouts, abandoned runs and skips get the defaults below. No SQL, no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any, Iterable
+
+import msgspec
+
+from .protocol import NoticeText
+
+Row = dict[str, Any]
+
+
+class Notice(msgspec.Struct, frozen=True, kw_only=True):
+    """One notice before it is fanned out to channels. ``event``: Success, Failure, Skipped or Missed;
+    ``priority``: Low, Normal or High; ``recipients``: the job's own addresses (None: the channel's)."""
+
+    event: str
+    job_id: int | None
+    job_name: str
+    run_id: int | None
+    subject: str
+    body: str
+    priority: str = "Normal"
+    details: dict[str, Any] | None = None
+    recipients: list[str] | None = None
+
+
+def job_recipients(job: Row) -> list[str] | None:
+    """The job's ``notify_recipients`` column (JSON list text) as a list; None when unset or unreadable."""
+    raw = job.get("notify_recipients")
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return None
+    return [str(v) for v in value] if isinstance(value, list) and value else None
+
+
+def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
+            text: NoticeText | None = None) -> Notice | None:
+    """The notice for run ``run_id`` of ``job`` (a row with ``id``, ``name``, ``notify_*``) ending in
+    ``status`` (Completed, Failed, Timeout, Cancelled), or None when it does not notify. ``text`` is the
+    plugin's formatted notice; a default is used without it."""
+    if status == "Completed" and job.get("notify_on_success"):
+        event = "Success"
+    elif status in ("Failed", "Timeout") and job.get("notify_on_failure", True):
+        event = "Failure"
+    else:
+        return None
+    if text is None:
+        if event == "Success":
+            text = NoticeText(subject=f"Scheduled job '{job['name']}' completed",
+                              body=f"Run {run_id} of job '{job['name']}' completed.", priority="Normal")
+        else:
+            what = "timed out" if status == "Timeout" else "failed"
+            text = NoticeText(subject=f"Scheduled job '{job['name']}' {what}",
+                              body=f"Run {run_id} of job '{job['name']}' {what}: {error_message or 'no error message'}",
+                              priority="High")
+    details = {**(text.metadata or {}), "status": status}
+    if error_message and event == "Failure":
+        details.setdefault("error_message", error_message)
+    return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=run_id, subject=text.subject,
+                  body=text.body, priority=text.priority, details=details, recipients=job_recipients(job))
+
+
+def for_abandoned(run: Row) -> Notice | None:
+    """The Failure notice of a run abandoned because its supervisor died (``run`` carries ``id``,
+    ``job_id``, ``job_name``, ``error_message``, ``notify_on_failure``, ``notify_recipients``)."""
+    if not run.get("notify_on_failure"):
+        return None
+    job = {"id": run["job_id"], "name": run["job_name"], "notify_on_failure": True,
+           "notify_recipients": run.get("notify_recipients")}
+    return for_run(job, run["id"], status="Failed", error_message=run["error_message"])
+
+
+def for_skip(job: Row, occurrence: dt.datetime | None, *, event: str, reason: str) -> Notice | None:
+    """The notice of an occurrence not run: ``event`` Skipped (concurrency_mode) or Missed (missed-run
+    policy), None unless the job has ``notify_on_missed``."""
+    if not job.get("notify_on_missed"):
+        return None
+    when = occurrence.isoformat() if occurrence else "-"
+    verb = "skipped" if event == "Skipped" else "missed"
+    return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=None,
+                  subject=f"Scheduled job '{job['name']}' {verb} an occurrence",
+                  body=f"The occurrence {when} of job '{job['name']}' was not run: {reason}.", priority="Normal",
+                  details={"scheduled_at": when, "reason": reason}, recipients=job_recipients(job))
+
+
+def outbox_rows(notice: Notice | None, channels: Iterable[str]) -> list[Row]:
+    """Column values of the ``notifications`` rows for ``notice``: one per channel (none if ``notice`` is
+    None). Timestamps, status and attempts are left to the store (database clock)."""
+    if notice is None:
+        return []
+    details = None if notice.details is None else json.dumps(notice.details, sort_keys=True, default=repr)
+    recipients = None if notice.recipients is None else json.dumps(notice.recipients)
+    return [dict(channel=channel, event=notice.event, job_id=notice.job_id, job_name=notice.job_name,
+                 run_id=notice.run_id, subject=notice.subject, body=notice.body, priority=notice.priority,
+                 recipients=recipients, details=details) for channel in channels]
