@@ -563,11 +563,13 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
     now = store.db_now()  # run timestamps are written by the database clock
     if args.dry_run:
         count = store.count_prunable_runs(now, retention.keep_days, retention.keep_min_per_job)
+        notices = 0
     else:
         count = store.prune_runs(now, retention.keep_days, retention.keep_min_per_job, retention.prune_batch_size)
+        notices = store.prune_notifications(now, retention.keep_days, retention.prune_batch_size)
     if args.json:
         _print_json({"pruned": count, "dry_run": args.dry_run, "keep_days": retention.keep_days,
-                     "keep_min_per_job": retention.keep_min_per_job})
+                     "keep_min_per_job": retention.keep_min_per_job, "notifications_pruned": notices})
     elif retention.keep_days <= 0:
         print("keep_days is 0: every run is kept; nothing pruned")
     else:

@@ -21,6 +21,7 @@ from .store import Store
 
 log = logging.getLogger("mjsched.retention")
 PREFETCH_BATCHES = 20
+NOTIFICATION_BATCHES = 4
 
 
 class Pruner:
@@ -64,8 +65,21 @@ class Pruner:
             if self.pass_deleted:
                 log.info("pruned %d runs older than %g days (keeping the newest %d per job)",
                          self.pass_deleted, r.keep_days, r.keep_min_per_job)
+            self._prune_notifications(now)
             self._end_pass(now)
         return deleted
+
+    def _prune_notifications(self, now: dt.datetime) -> None:
+        """Delivered or given-up notices past ``keep_days``: a few batches at the end of each pass (the
+        outbox is small next to the runs table); the rest waits for the next pass."""
+        try:
+            count = self.store.prune_notifications(now, self.retention.keep_days, self.retention.prune_batch_size,
+                                                   max_batches=NOTIFICATION_BATCHES)
+        except Exception as exc:  # noqa: BLE001 - pruning must never stop the scheduler
+            log.warning("pruning notifications failed (%s)", first_line(exc))
+            return
+        if count:
+            log.info("pruned %d delivered notifications older than %g days", count, self.retention.keep_days)
 
     def wake_at(self, now: dt.datetime) -> dt.datetime | None:
         """When the loop should step again for pruning: now while a pass runs, else the next pass."""

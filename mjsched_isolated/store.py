@@ -541,6 +541,29 @@ class Store:
         with self.engine.begin() as conn:
             return conn.execute(runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != "Running")).rowcount
 
+    def prune_notifications(self, now: dt.datetime, keep_days: float, batch_size: int = 500,
+                            max_batches: int | None = None) -> int:
+        """Delete delivered (Sent) and given-up (Failed) notifications created more than ``keep_days`` days
+        before ``now``, ``batch_size`` per short transaction; Pending ones are never touched. ``keep_days =
+        0`` keeps everything. Returns the number deleted."""
+        if keep_days <= 0:
+            return 0
+        cutoff = now - dt.timedelta(days=keep_days)
+        deleted = batches = 0
+        while max_batches is None or batches < max_batches:
+            with self.engine.connect() as conn:
+                ids = list(conn.execute(sa.select(notifications.c.id).where(
+                    notifications.c.status.in_(("Sent", "Failed")), notifications.c.created_at < cutoff)
+                    .order_by(notifications.c.id).limit(batch_size)).scalars())
+            if ids:
+                with self.engine.begin() as conn:
+                    deleted += conn.execute(notifications.delete().where(
+                        notifications.c.id.in_(ids), notifications.c.status != "Pending")).rowcount
+            batches += 1
+            if len(ids) < batch_size:
+                break
+        return deleted
+
     def prune_runs(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, batch_size: int = 500,
                    max_batches: int | None = None) -> int:
         """Delete finished runs that started more than ``keep_days`` days before ``now``, keeping each job's

@@ -134,10 +134,30 @@ def test_cli_runs_prune_dry_run_flags_and_settings_defaults(store, db_url, tmp_p
         return proc
 
     assert json.loads(cli("--dry-run", "--json").stdout) == {"pruned": 2, "dry_run": True, "keep_days": 30.0,
-                                                             "keep_min_per_job": 2}
+                                                             "keep_min_per_job": 2, "notifications_pruned": 0}
     assert len(_remaining(store)) == 4
     assert cli("--keep-days", "0").stdout.startswith("keep_days is 0")
     assert len(_remaining(store)) == 4
     assert "error: --keep-min-per-job:" in cli("--keep-min-per-job", "-1", expect=2).stderr
     assert cli("--keep-min-per-job", "1").stdout.startswith("pruned 3 finished run(s) older than 30 days")
     assert len(_remaining(store)) == 1
+
+
+@pytest.mark.timeout(60)
+def test_prune_notifications_deletes_only_old_delivered_or_given_up_notices(any_store):
+    from mjsched_isolated.schema import notifications
+
+    def notice(age_days: float, status: str) -> int:
+        with any_store.engine.begin() as conn:
+            created = NOW - dt.timedelta(days=age_days)
+            return conn.execute(notifications.insert().values(
+                channel="log", event="Failure", job_name="a", subject="s", body="b", status=status,
+                next_attempt_at=created, created_at=created)).inserted_primary_key[0]
+
+    old = [notice(40, "Sent"), notice(50, "Failed"), notice(45, "Sent")]
+    kept = [notice(40, "Pending"), notice(5, "Sent"), notice(1, "Failed")]
+    assert any_store.prune_notifications(NOW, 0, batch_size=2) == 0  # keep_days 0 keeps everything
+    assert any_store.prune_notifications(NOW, 30, batch_size=2) == 3  # two batches, the second short
+    with any_store.engine.connect() as conn:
+        assert set(conn.execute(sa.select(notifications.c.id)).scalars()) == set(kept)
+    assert set(old).isdisjoint(kept)
