@@ -24,7 +24,9 @@ from . import cron, jobspec
 from .config import Settings
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
+from .migrate import SchemaError
 from .pool import Pool
+from . import migrate, schema
 from .schema import RUN_STATUSES, database_url
 from .store import Store
 from .supervisor import Supervisor, utcnow
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-catchup-runs", type=int, default=100,
                        help="RunAll jobs catch up at most this many missed occurrences")
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
+    serve.add_argument("--auto-upgrade", action="store_true", default=None,
+                       help="apply pending schema migrations at start instead of refusing to start")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
     add = jobs.add_parser("add", parents=[common], help="create a job (Active)")
@@ -114,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(dest="action", required=True,
                                                                               parser_class=_Parser)
     plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", required=True, parser_class=_Parser)
+    db.add_parser("current", parents=[common], help="the schema revision; exit 0 if up to date, 1 if not")
+    db.add_parser("upgrade", parents=[common], help="apply pending schema migrations")
     return parser
 
 
@@ -126,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
         ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
         ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
-        ("cron", "next"): cmd_cron_next,
+        ("cron", "next"): cmd_cron_next, ("db", "current"): cmd_db_current, ("db", "upgrade"): cmd_db_upgrade,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
-    except (InputError, NotFoundError) as exc:
+    except (InputError, NotFoundError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (MjschedError, TimeoutError) as exc:
@@ -150,10 +158,10 @@ def _store(args: argparse.Namespace) -> Store:
     return open_store(database_url(args.db))
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, auto_upgrade: bool = False) -> Store:
     """Store.open with connection problems reported as bad input on ``--db``."""
     try:
-        return Store.open(url)
+        return Store.open(url, auto_upgrade=auto_upgrade)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise InputError("--db", f"not a usable database URL {url!r} ({exc})") from None
     except sa.exc.OperationalError as exc:
@@ -198,13 +206,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
                         shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
                         lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
-                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs)
+                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs,
+                        auto_upgrade=bool(args.auto_upgrade))
     if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
     if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
         jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
-    store = open_store(settings.database_url)
+    store = open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
     try:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
@@ -432,3 +441,27 @@ def _iso_arg(field: str, value: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(value)
     except ValueError:
         raise InputError(field, f"not an ISO-8601 date-time: {value!r}") from None
+
+
+# -- db ----------------------------------------------------------------------------------------------
+def cmd_db_current(args: argparse.Namespace) -> int:
+    engine = schema.connect(database_url(args.db))
+    try:
+        status = migrate.check(engine)
+    finally:
+        engine.dispose()
+    print(status.message())
+    return EXIT_OK if status.up_to_date else EXIT_FAILED
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    engine = schema.connect(database_url(args.db))
+    try:
+        before, after = migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    if before.current == after.current:
+        print(f"database schema already at {after.current} (head): nothing to do")
+    else:
+        print(f"database schema upgraded: {before.current or 'none'} -> {after.current}")
+    return EXIT_OK

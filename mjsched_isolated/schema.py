@@ -89,6 +89,8 @@ jobs = sa.Table(
     sa.Column("max_runtime_minutes", sa.Integer),
     sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("notify_recipients", sa.Text),  # JSON list of addresses; none: the channel's own recipients
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -136,14 +138,60 @@ supervisors = sa.Table(
     sa.Column("stopped_at", UTCDateTime),
 )
 
+NOTIFICATION_EVENTS = ("Success", "Failure", "Skipped", "Missed")
+NOTIFICATION_STATUSES = ("Pending", "Sent", "Failed")
+PRIORITIES = ("Low", "Normal", "High")
+
+# the durable outbox: one row per (notice, channel), written in the transaction that records its cause
+notifications = sa.Table(
+    "notifications", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("channel", sa.String(20), nullable=False),
+    sa.Column("event", sa.String(20), nullable=False),
+    sa.Column("job_id", sa.Integer),  # no foreign key: a notice outlives its job and its run
+    sa.Column("job_name", sa.String(200), nullable=False),
+    sa.Column("run_id", sa.Integer),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("priority", sa.String(10), nullable=False, server_default="Normal"),
+    sa.Column("recipients", sa.Text),  # JSON list
+    sa.Column("details", sa.Text),  # JSON object (NotificationContent.metadata)
+    sa.Column("status", sa.String(20), nullable=False, server_default="Pending"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", UTCDateTime, nullable=False),
+    sa.Column("claimed_by", sa.String(255)),
+    sa.Column("claimed_until", UTCDateTime),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("sent_at", UTCDateTime),
+    _check("event", NOTIFICATION_EVENTS),
+    _check("status", NOTIFICATION_STATUSES),
+    _check("priority", PRIORITIES),
+    sa.Index("ix_notifications_status_next_attempt_at", "status", "next_attempt_at"),
+)
+
 
 def database_url(cli_value: str | None) -> str:
     """``--db`` if given, else ``MJSCHED_DATABASE_URL``, else a SQLite file in the current directory."""
     return cli_value or os.environ.get("MJSCHED_DATABASE_URL") or DEFAULT_DATABASE_URL
 
 
-def create_engine(url: str) -> Engine:
-    """An engine with the schema created. SQLite gets WAL, a 30 s busy timeout and foreign keys."""
+def create_engine(url: str, *, auto_upgrade: bool = False) -> Engine:
+    """An engine whose schema is at this code's revision: an empty database is migrated to head, an
+    outdated one only with ``auto_upgrade``, else :class:`migrate.SchemaError` (see :mod:`.migrate`)."""
+    from . import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays importable without it
+
+    engine = connect(url)
+    try:
+        migrate.prepare(engine, auto_upgrade=auto_upgrade)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def connect(url: str) -> Engine:
+    """An engine, schema untouched. SQLite gets WAL, a 30 s busy timeout and foreign keys."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30})
 
@@ -157,25 +205,7 @@ def create_engine(url: str) -> Engine:
             cursor.close()
     else:
         engine = sa.create_engine(url, pool_pre_ping=True)
-    _create_schema(engine)
     return engine
-
-
-def _create_schema(engine: Engine, attempts: int = 5) -> None:
-    """``create_all`` tolerating supervisors that start together: another one may create a table between
-    our existence check and our CREATE. A retry then finds it. Connection errors are raised at once."""
-    for attempt in range(attempts):
-        try:
-            metadata.create_all(engine)
-            return
-        except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.InternalError, sa.exc.OperationalError) as exc:
-            if attempt == attempts - 1 or not _is_already_exists(exc):
-                raise
-
-
-def _is_already_exists(exc: sa.exc.DBAPIError) -> bool:
-    text = str(exc.orig).lower()
-    return "already exists" in text or "duplicate key" in text or "1050" in text
 
 
 def db_now(dialect_name: str) -> sa.ColumnElement:
