@@ -145,13 +145,22 @@ def _locked(engine: Engine) -> Iterator[Connection]:
                 conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": name})
                 conn.commit()
         elif dialect == "sqlite":
-            conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout for other writers
+            # foreign keys off while migrating (it is a no-op inside a transaction, hence first): a
+            # batch_alter_table that recreates a table must not cascade the drop of the old copy
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
             try:
-                yield conn
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout for other writers
+                try:
+                    yield conn
+                    if violation := conn.exec_driver_sql("PRAGMA foreign_key_check").first():
+                        raise SchemaError(f"database schema: migration broke a foreign key: {tuple(violation)}")
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
+            finally:
+                conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                conn.commit()
         else:
             raise NotImplementedError(f"database dialect {dialect!r} is not supported")
 

@@ -27,9 +27,10 @@ def _check(column: str, values: tuple[str, ...]) -> sa.CheckConstraint:
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:  # plain ALTER TABLE ADD COLUMN on every dialect, SQLite included
-        batch.add_column(sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()))
-        batch.add_column(sa.Column("notify_recipients", sa.Text))
+    # plain ALTER TABLE ADD COLUMN, SQLite included (a constant default). Not batch_alter_table: for a
+    # server default given as an expression (sa.false()) it would copy and recreate jobs on SQLite.
+    op.add_column("jobs", sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()))
+    op.add_column("jobs", sa.Column("notify_recipients", sa.Text))
 
     op.create_table(
         "notifications",
