@@ -165,6 +165,19 @@ def _locked(engine: Engine) -> Iterator[Connection]:
             raise NotImplementedError(f"database dialect {dialect!r} is not supported")
 
 
+@contextlib.contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic's INFO lines ("Context impl ...", "Running upgrade ...") off while migrating: the one line
+    logged here says it all, and a command's one-line error stays one line."""
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        alembic_log.setLevel(level)
+
+
 def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatus, SchemaStatus]:
     """Apply pending migrations under the schema lock; a legacy database is stamped 0001 first.
     Returns (before, after), both read under the lock. With ``only_if_empty`` a database found
@@ -175,10 +188,13 @@ def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatu
             raise SchemaError(before.message())
         if before.state != "current" and (before.state == "empty" or not only_if_empty):
             cfg = config(conn)
-            if before.state == "legacy":
-                command.stamp(cfg, BASELINE)
-            command.upgrade(cfg, "head")
-            log.info("database schema upgraded from %s to %s", before.current or "none", before.head)
+            with _quiet_alembic():
+                if before.state == "legacy":
+                    command.stamp(cfg, BASELINE)
+                command.upgrade(cfg, "head")
+            # creating the schema of a new database is routine (DEBUG); changing an existing one is news
+            log.log(logging.DEBUG if before.state == "empty" else logging.INFO,
+                    "database schema upgraded from %s to %s", before.current or "none", before.head)
         after = _status(conn)
     return before, after
 
