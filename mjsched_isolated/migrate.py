@@ -131,7 +131,8 @@ def _locked(engine: Engine) -> Iterator[Connection]:
         dialect = engine.dialect.name
         if dialect == "postgresql":
             with conn.begin():
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('mjsched_schema:' || current_schema()))"))
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock("
+                                     "hashtext('mjsched_schema:' || coalesce(current_schema(), '')))"))
                 yield conn
         elif dialect in ("mysql", "mariadb"):
             name = conn.execute(sa.text("SELECT CONCAT('mjsched_schema:', DATABASE())")).scalar_one()

@@ -150,7 +150,8 @@ def test_pre_migration_database_with_data_is_recognised_and_upgraded(backend_url
     engine = make_at(backend_url, "0001", stamped=False)
     try:
         fill(engine)
-        old_columns = {t: [c["name"] for c in sa.inspect(engine).get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
         before = snapshot(engine, old_columns)
         reflected_before = reflect(engine)
 
