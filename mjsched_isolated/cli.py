@@ -24,7 +24,9 @@ from . import cron, jobspec
 from .config import Settings, load_settings, redact_url
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
+from .migrate import SchemaError
 from .pool import Pool
+from . import migrate, schema
 from .schema import RUN_STATUSES
 from .store import Store
 from .supervisor import Supervisor, utcnow
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--clock-skew-s", type=float, help=argparse.SUPPRESS)  # tests only
     serve.add_argument("--max-catchup-runs", type=int, help="RunAll jobs catch up at most this many missed occurrences (100)")
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
+    serve.add_argument("--auto-upgrade", action="store_true", default=None,
+                       help="apply pending schema migrations at start instead of refusing to start")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
     add = jobs.add_parser("add", parents=[common], help="create a job (Active)")
@@ -131,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
     sub.add_parser("check", parents=[common, as_json],
                    help="validate the settings, import every plugin, check every job; exit 0 when all is well")
+
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", required=True, parser_class=_Parser)
+    db.add_parser("current", parents=[common], help="the schema revision; exit 0 if up to date, 1 if not")
+    db.add_parser("upgrade", parents=[common], help="apply pending schema migrations")
     return parser
 
 
@@ -150,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         ("jobs", "remove"): cmd_jobs_remove, ("jobs", "run"): cmd_jobs_run, ("jobs", "sync"): cmd_jobs_sync,
         ("runs", "list"): cmd_runs_list, ("runs", "show"): cmd_runs_show, ("plugins", "list"): cmd_plugins_list,
         ("cron", "next"): cmd_cron_next, ("check", None): cmd_check, ("runs", "prune"): cmd_runs_prune,
-        ("status", None): cmd_status,
+        ("status", None): cmd_status, ("db", "current"): cmd_db_current, ("db", "upgrade"): cmd_db_upgrade,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
-    except (InputError, NotFoundError) as exc:
+    except (InputError, NotFoundError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (MjschedError, TimeoutError) as exc:
@@ -171,7 +180,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "db": ("database_url",), "plugins": ("plugins_dir",), "log_level": ("log_level",), "jobs": ("jobs_file",),
     **{name: (name,) for name in ("max_concurrent_jobs", "lease_timeout_s", "shutdown_timeout_s", "lease_ttl_s",
                                   "lease_renew_interval_s", "rescan_interval_s", "heartbeat_interval_s",
-                                  "heartbeat_lease_s", "clock_skew_s", "max_catchup_runs")},
+                                  "heartbeat_lease_s", "clock_skew_s", "max_catchup_runs", "auto_upgrade")},
 }
 
 
@@ -197,10 +206,10 @@ def _store(args: argparse.Namespace) -> Store:
     return open_store(args.settings.database_url)
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, auto_upgrade: bool = False) -> Store:
     """Store.open with connection problems reported as bad input on ``--db``."""
     try:
-        return Store.open(url)
+        return Store.open(url, auto_upgrade=auto_upgrade)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise InputError("--db", f"not a usable database URL {redact_url(url)!r} ({exc})") from None
     except sa.exc.OperationalError as exc:
@@ -248,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     jobs_file = settings.jobs_file
     if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
         jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
-    store = open_store(settings.database_url)
+    store = open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
     try:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
@@ -526,6 +535,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("all is well" if not problems else f"{len(problems)} problem(s)")
     return EXIT_OK if not problems else EXIT_FAILED
 
+
 # -- status and run retention ------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     from . import status  # noqa: PLC0415 - only this command needs it
@@ -575,4 +585,28 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
     else:
         print(f"{'would prune' if args.dry_run else 'pruned'} {count} finished run(s) older than "
               f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job)")
+    return EXIT_OK
+
+
+# -- db ----------------------------------------------------------------------------------------------
+def cmd_db_current(args: argparse.Namespace) -> int:
+    engine = schema.connect(args.settings.database_url)
+    try:
+        status = migrate.check(engine)
+    finally:
+        engine.dispose()
+    print(status.message())
+    return EXIT_OK if status.up_to_date else EXIT_FAILED
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    engine = schema.connect(args.settings.database_url)
+    try:
+        before, after = migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    if before.current == after.current:
+        print(f"database schema already at {after.current} (head): nothing to do")
+    else:
+        print(f"database schema upgraded: {before.current or 'none'} -> {after.current}")
     return EXIT_OK

@@ -169,8 +169,22 @@ notifications = sa.Table(
 )
 
 
-def create_engine(url: str) -> Engine:
-    """An engine with the schema created. SQLite gets WAL, a 30 s busy timeout and foreign keys."""
+def create_engine(url: str, *, auto_upgrade: bool = False) -> Engine:
+    """An engine whose schema is at this code's revision: an empty database is migrated to head, an
+    outdated one only with ``auto_upgrade``, else :class:`migrate.SchemaError` (see :mod:`.migrate`)."""
+    from . import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays importable without it
+
+    engine = connect(url)
+    try:
+        migrate.prepare(engine, auto_upgrade=auto_upgrade)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def connect(url: str) -> Engine:
+    """An engine, schema untouched. SQLite gets WAL, a 30 s busy timeout and foreign keys."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30})
 
@@ -184,25 +198,7 @@ def create_engine(url: str) -> Engine:
             cursor.close()
     else:
         engine = sa.create_engine(url, pool_pre_ping=True)
-    _create_schema(engine)
     return engine
-
-
-def _create_schema(engine: Engine, attempts: int = 5) -> None:
-    """``create_all`` tolerating supervisors that start together: another one may create a table between
-    our existence check and our CREATE. A retry then finds it. Connection errors are raised at once."""
-    for attempt in range(attempts):
-        try:
-            metadata.create_all(engine)
-            return
-        except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.InternalError, sa.exc.OperationalError) as exc:
-            if attempt == attempts - 1 or not _is_already_exists(exc):
-                raise
-
-
-def _is_already_exists(exc: sa.exc.DBAPIError) -> bool:
-    text = str(exc.orig).lower()
-    return "already exists" in text or "duplicate key" in text or "1050" in text
 
 
 def db_now(dialect_name: str) -> sa.ColumnElement:

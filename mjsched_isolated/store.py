@@ -57,9 +57,10 @@ class Store:
         self.dialect = engine.dialect.name
 
     @classmethod
-    def open(cls, url: str) -> "Store":
-        """Connect to ``url`` and create the schema on first use."""
-        return cls(schema.create_engine(url))
+    def open(cls, url: str, *, auto_upgrade: bool = False) -> "Store":
+        """Connect to ``url``; an empty database gets the schema, an outdated one is migrated with
+        ``auto_upgrade`` and otherwise refused (:class:`migrate.SchemaError`, nothing written)."""
+        return cls(schema.create_engine(url, auto_upgrade=auto_upgrade))
 
     def close(self) -> None:
         self.engine.dispose()

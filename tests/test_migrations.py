@@ -1,0 +1,334 @@
+"""Schema migrations (mjsched_isolated.migrate, mjsched_isolated/migrations) on real databases.
+
+The drift guard: a database made by the migrations must equal ``schema.metadata`` - Alembic's
+``compare_metadata`` finds no difference, and its reflection (columns, types, defaults, keys, indexes,
+unique and check constraints) equals that of a database made by ``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
+from mjsched_isolated import migrate, schema
+from mjsched_isolated.schema import jobs, runs, supervisors
+from mjsched_isolated.store import Store
+from procs import Serve
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+HEAD = migrate.head_revision()
+OUTDATED = ("database schema is at revision 0001, this version needs 0002: run `python -m mjsched_isolated db "
+            "upgrade` (or serve --auto-upgrade)")
+NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def make_at(url: str, revision: str, *, stamped: bool = True) -> sa.Engine:
+    """A database migrated to ``revision``; without ``stamped`` it has no alembic_version, like one made
+    by create_all before migrations existed."""
+    engine = schema.connect(url)
+    with engine.begin() as conn:
+        command.upgrade(migrate.config(conn), revision)
+        if not stamped:
+            conn.execute(sa.text("DROP TABLE alembic_version"))
+    return engine
+
+
+def fill(engine: sa.Engine) -> None:
+    """Rows in every 0001 table: jobs with statistics and a lease, a run of every status, supervisors."""
+    with engine.begin() as conn:
+        conn.execute(jobs.insert().values(
+            id=1, name="leased", job_type="ok", cron_expression="*/5 * * * *", timezone="Europe/Paris",
+            status="Active", configuration=json.dumps({"a": [1, 2], "b": "x"}), description="with stats",
+            start_at=T0, end_at=T0 + dt.timedelta(days=30), next_run_at=T0 + dt.timedelta(minutes=5),
+            last_run_at=T0, run_count=7, success_count=4, failure_count=2, skipped_count=1, last_duration_ms=12.5,
+            avg_duration_ms=20.25, concurrency_mode="Queue", missed_run_policy="RunAll", max_jitter_s=3.0,
+            run_immediately_if_never_run=True, max_runtime_minutes=9, notify_on_success=True,
+            notify_on_failure=False, lock_token="0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11", locked_at=T0,
+            locked_by_instance="host:1:abc", expected_completion_at=T0 + dt.timedelta(minutes=10),
+            created_at=T0, updated_at=T0))
+        conn.execute(jobs.insert().values(  # only what is required: the rest takes 0001's server defaults
+            id=2, name="plain", job_type="fail", cron_expression="0 0 * * *", created_at=T0, updated_at=T0))
+        for i, status in enumerate(schema.RUN_STATUSES):
+            conn.execute(runs.insert().values(
+                id=10 + i, job_id=1, scheduled_at=T0 + dt.timedelta(minutes=i), started_at=T0 + dt.timedelta(minutes=i),
+                completed_at=None if status == "Running" else T0 + dt.timedelta(minutes=i, seconds=1),
+                status=status, success={"Completed": True, "Running": None}.get(status, False),
+                error_message=None if status in ("Running", "Completed") else f"{status} because",
+                details=json.dumps({"status": status, "nested": {"rows": [i, i + 1]}, "text": "é"}),
+                queued_at=T0, executed_by_instance="host:1:abc", lock_token="0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11",
+                deadline_at=T0 + dt.timedelta(minutes=10), duration_ms=None if status == "Running" else 1000.0 + i))
+        conn.execute(supervisors.insert(), [
+            {"instance": "host:1:abc", "hostname": "host", "pid": 1, "started_at": T0, "heartbeat_at": T0,
+             "lease_expires_at": T0 + dt.timedelta(seconds=30), "stopped_at": None},
+            {"instance": "host:2:def", "hostname": "host", "pid": 2, "started_at": T0, "heartbeat_at": T0,
+             "lease_expires_at": T0, "stopped_at": T0}])
+
+
+def snapshot(engine: sa.Engine, columns: dict[str, list[str]]) -> dict[str, list[dict]]:
+    """Every row of the given tables, only the given columns, read through the live (typed) tables."""
+    out = {}
+    with engine.connect() as conn:
+        for name, cols in columns.items():
+            table = schema.metadata.tables[name]
+            rows = conn.execute(sa.select(*[table.c[c] for c in cols]).order_by(*table.primary_key.columns))
+            out[name] = [dict(r) for r in rows.mappings()]
+    return out
+
+
+def _bool_defaults_equal(context, inspected_column, metadata_column, inspected_default, metadata_default,
+                         rendered_metadata_default):  # noqa: ANN001
+    """MySQL/MariaDB report a Boolean's server default false()/true() as '0'/'1': the same default, which
+    Alembic's textual comparison would report as a change. Anything else: Alembic's own comparison."""
+    pairs = {("0", "false"), ("1", "true")}
+    seen = (str(inspected_default or "").strip("'\""), str(rendered_metadata_default or "").strip("'\"").lower())
+    return False if seen in pairs else None
+
+
+def metadata_diffs(engine: sa.Engine) -> list:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True,
+                                                         "compare_server_default": _bool_defaults_equal})
+        return compare_metadata(context, schema.metadata)
+
+
+def reflect(engine: sa.Engine) -> dict:
+    """The schema as the database reports it, in comparable form (column order ignored)."""
+    insp = sa.inspect(engine)
+    out = {}
+    for table in sorted(set(insp.get_table_names()) - {"alembic_version"}):
+        out[table] = {
+            "columns": {c["name"]: (str(c["type"].compile(dialect=engine.dialect)), c["nullable"],
+                                    None if c.get("default") is None else str(c["default"]))
+                        for c in insp.get_columns(table)},
+            "pk": insp.get_pk_constraint(table)["constrained_columns"],
+            "fks": sorted((tuple(f["constrained_columns"]), f["referred_table"], tuple(f["referred_columns"]),
+                           (f.get("options") or {}).get("ondelete")) for f in insp.get_foreign_keys(table)),
+            "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
+                              for i in insp.get_indexes(table)),
+            "uniques": sorted(tuple(u["column_names"]) for u in insp.get_unique_constraints(table)),
+            "checks": sorted((c["name"], " ".join(c["sqltext"].split())) for c in insp.get_check_constraints(table)),
+        }
+    return out
+
+
+def without_0002(reflected: dict) -> dict:
+    """What 0001 should be: the current schema minus what 0002 adds."""
+    out = {k: v for k, v in reflected.items() if k != "notifications"}
+    out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
+                                               if k not in NEW_JOB_COLUMNS}}
+    return out
+
+
+def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def sqlite_dump(path: Path) -> list[str]:
+    import sqlite3  # noqa: PLC0415
+
+    with sqlite3.connect(path) as conn:
+        return list(conn.iterdump())
+
+
+# -- upgrade, drift --------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_pre_migration_database_with_data_is_recognised_and_upgraded(backend_url):
+    engine = make_at(backend_url, "0001", stamped=False)
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        reflected_before = reflect(engine)
+
+        assert migrate.check(engine) == migrate.SchemaStatus("0001", HEAD, "legacy")
+        assert migrate.current_revision(engine) == "0001"
+        with pytest.raises(migrate.SchemaError) as refused:
+            Store.open(backend_url)
+        assert str(refused.value) == OUTDATED
+        assert reflect(engine) == reflected_before  # refused: nothing written, not even alembic_version
+        assert "alembic_version" not in sa.inspect(engine).get_table_names()
+
+        was, now = migrate.upgrade(engine)
+        assert (was.current, was.state, now.current, now.state) == ("0001", "legacy", HEAD, "current")
+        assert snapshot(engine, old_columns) == before  # nothing lost or changed
+        with engine.connect() as conn:
+            new = conn.execute(sa.select(jobs.c.id, jobs.c.notify_on_missed, jobs.c.notify_recipients)
+                               .order_by(jobs.c.id)).all()
+        assert [tuple(r) for r in new] == [(1, False, None), (2, False, None)]
+        assert metadata_diffs(engine) == []
+
+        store = Store.open(backend_url)  # the Store is happy now, and reads the old rows
+        try:
+            assert store.get_job("leased")["lock_token"] == "0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11"
+            assert {r["status"]: r["details"]["nested"]["rows"] for r in store.list_runs(limit=10)} == {
+                s: [i, i + 1] for i, s in enumerate(schema.RUN_STATUSES)}
+            with store.engine.begin() as conn:  # the outbox takes rows, with its server defaults
+                conn.execute(schema.notifications.insert().values(
+                    channel="email", event="Failure", job_id=1, job_name="leased", run_id=11, subject="s", body="b",
+                    next_attempt_at=T0, created_at=T0))
+                row = conn.execute(sa.select(schema.notifications)).mappings().one()
+            assert (row["priority"], row["status"], row["attempts"]) == ("Normal", "Pending", 0)
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_migrated_schema_equals_metadata(backend, tmp_path):
+    """Guards 0001/0002 against drifting from schema.py: fresh migrated == create_all, and 0001 == the
+    schema before 0002."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    with (isolated_database(backend, tmp_path / "a") as migrated_url,
+          isolated_database(backend, tmp_path / "b") as created_url,
+          isolated_database(backend, tmp_path / "c") as baseline_url):
+        store = Store.open(migrated_url)  # an empty database: brought to head on first open
+        created = schema.connect(created_url)
+        baseline = make_at(baseline_url, "0001")
+        try:
+            schema.metadata.create_all(created)
+            assert migrate.check(store.engine) == migrate.SchemaStatus(HEAD, HEAD, "current")
+            assert metadata_diffs(store.engine) == []
+            assert metadata_diffs(created) == []  # the comparison itself is sound
+            assert reflect(store.engine) == reflect(created)
+            assert reflect(baseline) == without_0002(reflect(created))
+        finally:
+            store.close(), created.dispose(), baseline.dispose()
+
+
+@pytest.mark.timeout(30)
+def test_drift_is_detected(db_url):
+    """The guard can fail: a column missing from the migrations shows up in both comparisons."""
+    engine = make_at(db_url, "head")
+    created = schema.connect(db_url.replace("mjsched.db", "created.db"))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE notifications DROP COLUMN sent_at"))
+        schema.metadata.create_all(created)
+        assert any(d[0] == "add_column" and d[3].name == "sent_at" for d in metadata_diffs(engine))
+        assert reflect(engine) != reflect(created)
+    finally:
+        engine.dispose(), created.dispose()
+
+
+@pytest.mark.timeout(30)
+def test_unknown_revision_is_refused(db_url):
+    engine = make_at(db_url, "head")
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))
+        assert migrate.check(engine).state == "unknown"
+        for call in (lambda: Store.open(db_url), lambda: Store.open(db_url, auto_upgrade=True),
+                     lambda: migrate.upgrade(engine)):
+            with pytest.raises(migrate.SchemaError, match="revision 0999, which this version does not know"):
+                call()
+    finally:
+        engine.dispose()
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_serve_and_other_commands_refuse_an_outdated_database(db_url, tmp_path):
+    engine = make_at(db_url, "0001")
+    fill(engine)
+    engine.dispose()
+    dump = sqlite_dump(tmp_path / "mjsched.db")
+    for args in (["serve", "--plugins", FIXTURE_PLUGINS, "--run-for", "5"],
+                 ["jobs", "add", "new", "--type", "ok", "--cron", "* * * * *", "--plugins", FIXTURE_PLUGINS],
+                 ["jobs", "pause", "leased"], ["jobs", "list"]):
+        proc = cli(*args, "--db", db_url)
+        assert (proc.returncode, proc.stderr, proc.stdout) == (2, f"error: {OUTDATED}\n", ""), args
+    assert sqlite_dump(tmp_path / "mjsched.db") == dump
+
+
+@pytest.mark.timeout(60)
+def test_serve_auto_upgrade_upgrades_then_runs_a_job(db_url):
+    engine = make_at(db_url, "0001", stamped=False)  # made by the previous version
+    now = dt.datetime.now(UTC)
+    with engine.begin() as conn:
+        conn.execute(jobs.insert().values(name="due", job_type="ok", cron_expression="0 0 1 1 *", status="Active",
+                                          next_run_at=now, created_at=now, updated_at=now))
+    serve = Serve(db_url, "--auto-upgrade")
+    try:
+        serve.wait_for(r"database schema upgraded from 0001 to 0002")
+        serve.wait_for(r"run \d+ finished: job due Completed")
+    finally:
+        serve.stop()
+    assert migrate.check(engine) == migrate.SchemaStatus(HEAD, HEAD, "current")
+    engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_db_current_and_upgrade(db_url):
+    make_at(db_url, "0001", stamped=False).dispose()
+    proc = cli("db", "current", "--db", db_url)
+    assert (proc.returncode, proc.stdout) == (1, OUTDATED + "\n")
+    proc = cli("db", "upgrade", "--db", db_url, "--log-level", "WARNING")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "database schema upgraded: 0001 -> 0002\n", "")
+    proc = cli("db", "current", "--db", db_url)
+    assert (proc.returncode, proc.stdout) == (0, "database schema is at revision 0002 (head): up to date\n")
+    proc = cli("db", "upgrade", "--db", db_url)
+    assert (proc.returncode, proc.stdout) == (0, "database schema already at 0002 (head): nothing to do\n")
+    engine = schema.connect(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))
+    engine.dispose()
+    assert cli("db", "current", "--db", db_url).returncode == 1
+    proc = cli("db", "upgrade", "--db", db_url)
+    assert proc.returncode == 2 and "revision 0999, which this version does not know" in proc.stderr
+
+
+# -- race ------------------------------------------------------------------------------------------
+OPENER = """
+import sys
+from mjsched_isolated.store import Store
+print("ready", flush=True)
+sys.stdin.readline()
+Store.open(sys.argv[1]).close()
+print("opened", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite", "mysql"])
+def test_concurrent_first_opens_all_succeed(backend, tmp_path):
+    """Several processes open one empty database at the same moment (released together once all have
+    imported): every one succeeds and the schema is made once."""
+    with isolated_database(backend, tmp_path) as url:
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, url], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        try:
+            for p in procs:
+                assert p.stdout.readline() == "ready\n"
+            for p in procs:  # release them together
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            results = [(p.wait(60), p.stdout.read(), p.stderr.read()) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        assert [r[:2] for r in results] == [(0, "opened\n")] * 4, [r[2][-2000:] for r in results]
+        engine = schema.connect(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == [HEAD]
+            assert migrate.check(engine).up_to_date
+        finally:
+            engine.dispose()
