@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from . import cron, jobspec
-from .config import Settings
+from . import cron, jobspec, logs
+from .config import Metrics, Settings
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
 from .pool import Pool
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--plugins", help="plugins folder (default: $MJSCHED_PLUGINS_DIR or ./plugins)")
     common.add_argument("--log-level", default=os.environ.get("MJSCHED_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--log-format", default=None, choices=list(logs.FORMATS),
+                        help="text (default) or json: one JSON object per line on stderr")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
@@ -67,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-catchup-runs", type=int, default=100,
                        help="RunAll jobs catch up at most this many missed occurrences")
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus /metrics and /healthz on this port (0: a free one); off if unset")
+    serve.add_argument("--metrics-host", default=None, help="address for --metrics-port (default 127.0.0.1)")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
     add = jobs.add_parser("add", parents=[common], help="create a job (Active)")
@@ -119,8 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(getattr(args, "log_level", "INFO"), getattr(args, "log_format", None) or "text")
     handler = {
         ("serve", None): cmd_serve, ("jobs", "add"): cmd_jobs_add, ("jobs", "list"): cmd_jobs_list,
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
@@ -198,7 +202,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_concurrent_jobs=args.max_concurrent_jobs, lease_timeout_s=args.lease_timeout_s,
                         shutdown_timeout_s=args.shutdown_timeout_s, lease_ttl_s=args.lease_ttl_s,
                         lease_renew_interval_s=args.lease_renew_interval_s, rescan_interval_s=args.rescan_interval_s,
-                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs)
+                        clock_skew_s=args.clock_skew_s, max_catchup_runs=args.max_catchup_runs,
+                        log_format=args.log_format or "text",
+                        metrics=Metrics(port=args.metrics_port, host=args.metrics_host or "127.0.0.1"))
+    logs.set_instance(settings.instance)
     if args.run_for is not None and not 0 <= args.run_for <= 10 * 365 * 86400:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     jobs_file = args.jobs or os.environ.get("MJSCHED_JOBS_FILE")
@@ -209,7 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
         pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir, log_level=logging.getLogger().level,
-                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s)
+                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s,
+                    log_format=settings.log_format)
         return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
     finally:
         store.close()
@@ -291,7 +299,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     store = _store(args)
     job = store.get_job(args.name)
     settings = Settings(database_url=database_url(args.db), plugins_dir=_plugins_dir(args), max_concurrent_jobs=1)
-    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level)
+    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level, log_format=args.log_format or "text")
     supervisor = Supervisor(settings, store, pool)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
