@@ -285,7 +285,7 @@ class Supervisor:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
                 self.metrics.occurrence_skipped("job_type_unavailable")
                 log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
-                          job["name"], _iso(seen), job["job_type"])
+                          job["name"], _iso(seen), job["job_type"], extra=_ctx(job))
             return False
         if self._claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
             return True
