@@ -16,7 +16,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -25,7 +24,7 @@ from multiprocessing.connection import Connection
 import msgspec
 import psutil
 
-from . import protocol
+from . import logs, protocol
 from .api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
 from .errors import ConfigurationError
 from .loader import Registry, load_plugins
@@ -39,7 +38,7 @@ MAX_ERROR_CHARS = 4000
 
 
 def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO,
-         import_timeout_s: float = 10.0, fence_at=None) -> None:
+         import_timeout_s: float = 10.0, fence_at=None, log_format: str = "text") -> None:
     """Child entry point (picklable, plain arguments only). ``fence_at``: a shared double holding the
     monotonic time after which the supervisor's lease can no longer be trusted (see :mod:`liveness`)."""
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
@@ -47,8 +46,7 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
-    logging.basicConfig(level=log_level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s")
+    logs.configure(log_level, log_format, worker_pid=os.getpid())
     registry = load_plugins(plugins_dir, import_timeout_s)  # failures travel in Ready; the supervisor logs them
     baseline = _State.capture()
     sender = _Sender(conn)
@@ -64,7 +62,9 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
             sender.send(protocol.ValidateReply(error=validate(registry, message.job_type, message.configuration)))
         elif isinstance(message, protocol.RunRequest):
             busy.value = 1
+            logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             result = run(registry, message, sender)
+            logs.current_run = None
             busy.value = 0
             baseline.restore()
             sender.send(result)

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from . import cron, jobspec
+from . import cron, jobspec, logs
 from .config import Settings, load_settings, redact_url
 from .errors import InputError, MjschedError, NotFoundError
 from .inspection import inspect_plugins
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--plugins", help="plugins folder (default: $MJSCHED_PLUGINS_DIR or ./plugins)")
     common.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="default: $MJSCHED_LOG_LEVEL or INFO")
+    common.add_argument("--log-format", choices=list(logs.FORMATS),
+                        help="text (default) or json: one JSON object per line on stderr")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--run-for", type=float, metavar="S", help="stop (gracefully) after S seconds")
     serve.add_argument("--auto-upgrade", action="store_true", default=None,
                        help="apply pending schema migrations at start instead of refusing to start")
+    serve.add_argument("--metrics-port", type=int,
+                       help="serve Prometheus /metrics and /healthz on this port (0: a free one); off if unset")
+    serve.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1)")
 
     jobs = sub.add_parser("jobs", help="manage jobs").add_subparsers(dest="action", required=True, parser_class=_Parser)
     add = jobs.add_parser("add", parents=[common], help="create a job (Active)")
@@ -151,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    logging.basicConfig(level=args.settings.log_level if hasattr(args, "settings") else "INFO", stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs.configure(args.settings.log_level, args.settings.log_format, args.settings.instance)
+    else:
+        logs.configure("INFO", "text")
     handler = {
         ("serve", None): cmd_serve, ("jobs", "add"): cmd_jobs_add, ("jobs", "list"): cmd_jobs_list,
         ("jobs", "show"): cmd_jobs_show, ("jobs", "pause"): cmd_jobs_pause, ("jobs", "resume"): cmd_jobs_resume,
@@ -178,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 # command-line flag (argparse dest) -> settings key; a flag left out (None) does not override anything
 FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "db": ("database_url",), "plugins": ("plugins_dir",), "log_level": ("log_level",), "jobs": ("jobs_file",),
+    "log_format": ("log_format",), "metrics_port": ("metrics", "port"), "metrics_host": ("metrics", "host"),
     **{name: (name,) for name in ("max_concurrent_jobs", "lease_timeout_s", "shutdown_timeout_s", "lease_ttl_s",
                                   "lease_renew_interval_s", "rescan_interval_s", "heartbeat_interval_s",
                                   "heartbeat_lease_s", "clock_skew_s", "max_catchup_runs", "auto_upgrade")},
@@ -264,7 +271,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir, log_level=logging.getLogger().level,
                     ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s,
                     max_tasks_per_child=settings.recycling.max_tasks_per_child,
-                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb)
+                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
+                    log_format=settings.log_format)
         return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
     finally:
         store.close()
@@ -348,7 +356,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     store = _store(args)
     job = store.get_job(args.name)
     settings = msgspec.structs.replace(args.settings, max_concurrent_jobs=1)
-    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level)
+    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level, log_format=settings.log_format)
     supervisor = Supervisor(settings, store, pool)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

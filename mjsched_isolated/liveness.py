@@ -45,6 +45,8 @@ class Liveness:
         self.next_renew = 0.0  # monotonic
         self.db_offset = dt.timedelta(0)
         self.failing_since: float | None = None
+        # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
+        self.on_renewal: Callable[[str | None], None] | None = None
 
     def valid(self, mono: float) -> bool:
         """May this supervisor still act on its leases (claim, run, record)?"""
@@ -70,12 +72,16 @@ class Liveness:
                 db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
                 self.registered = True
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
+            if self.on_renewal is not None:
+                self.on_renewal(_short(exc))
             if self.failing_since is None:
                 self.failing_since = mono
                 log.warning("supervisor %s: lease renewal failed (%s); retrying every %.0f s, fencing in %.1f s",
                             self.instance, _short(exc), RETRY_S, max(0.0, self.valid_until - mono))
             self.next_renew = mono + RETRY_S
             return False
+        if self.on_renewal is not None:
+            self.on_renewal(None)
         elapsed = time.monotonic() - started
         self.db_offset = db_now - (local_before + dt.timedelta(seconds=elapsed / 2))
         self.valid_until = started + self.ttl_s * FENCE_FRACTION

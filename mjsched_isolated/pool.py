@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import psutil
@@ -75,18 +75,20 @@ class Pool:
 
     def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
                  import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
-                 max_memory_per_child_mb: float | None = None):
+                 max_memory_per_child_mb: float | None = None, log_format: str = "text"):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
         self.plugins_dir = os.path.abspath(plugins_dir)
         self.log_level = log_level
+        self.log_format = log_format  # children log in the supervisor's format (see logs.py)
         self.ready_timeout_s = ready_timeout_s
         self.import_timeout_s = import_timeout_s
         self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
         self._backoff_s: dict[int, float] = {slot: 0.0 for slot in range(size)}
         self._respawn_at: dict[int, float] = {slot: 0.0 for slot in range(size)}
         self.respawns = 0
+        self.on_respawn: Callable[[], None] | None = None  # called after each respawn (metrics)
         self.refill = True  # False while shutting down: dead slots stay empty
         # monotonic time after which busy children kill themselves (the supervisor's lease is not trusted
         # any more); infinite until a supervisor with a liveness lease sets it
@@ -105,7 +107,7 @@ class Pool:
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
-                                                           self.import_timeout_s, self.fence_at),
+                                                           self.import_timeout_s, self.fence_at, self.log_format),
                                name=f"mjsched-worker-{slot}", daemon=False)
         process.start()
         child_conn.close()
@@ -265,6 +267,8 @@ class Pool:
             if worker is None and self.refill and now >= self._respawn_at[slot]:
                 self._spawn(slot)
                 self.respawns += 1
+                if self.on_respawn is not None:
+                    self.on_respawn()
             elif worker is not None and worker.ready is None and now - worker.started_mono > self.ready_timeout_s:
                 log.error("worker slot %d: child %d not ready after %.0f s (a plugin hangs at import?); killing it",
                           slot, worker.pid, self.ready_timeout_s)

@@ -21,6 +21,7 @@ import socket
 import time
 from typing import Any
 
+from . import metrics as metrics_mod
 from . import notices, planner, protocol
 from .config import Settings
 from .errors import CronError
@@ -48,6 +49,7 @@ class InFlight:
         self.run_id = run_id
         self.job_id: int = job["id"]
         self.job_name: str = job["name"]
+        self.job_type: str = job["job_type"]
         self.token = token
         self.worker = worker
         self.started_at = started_at
@@ -61,8 +63,11 @@ class InFlight:
 class Supervisor:
     """One supervisor process. ``store`` and ``pool`` are built by the caller (and closed by it)."""
 
-    def __init__(self, settings: Settings, store: Store, pool: Pool) -> None:
+    def __init__(self, settings: Settings, store: Store, pool: Pool, metrics: metrics_mod.Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics if metrics is not None else metrics_mod.for_settings(settings)
+        self.metrics.track_inflight(lambda: len(self.inflight))
+        pool.on_respawn = self.metrics.worker_respawned
         self.store = store
         self.pool = pool
         self.inflight: dict[int, InFlight] = {}
@@ -75,6 +80,7 @@ class Supervisor:
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
                                  self.local_now)
+        self.liveness.on_renewal = self.metrics.lease_renewal
         self._logged_failures: set[tuple[str, str]] = set()
         self._logged_types: tuple[str, ...] | None = None
         self._active_signature: tuple | None = None
@@ -82,7 +88,7 @@ class Supervisor:
         self._signals = 0
         self._last_clock: tuple[dt.datetime, float] | None = None
         self.notifier: Notifier | None = None  # the notification sender, started by serve
-        self.on_delivery_failure = None  # optional callable(channel: str), handed to the sender
+        self.on_delivery_failure = self.metrics.notification_failed  # callable(channel: str), for the sender
 
     # -- clocks: read only by the outer loops (serve, run_now) and passed into everything else -------
     def local_now(self) -> dt.datetime:
@@ -120,6 +126,7 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
             stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
+            self.metrics.start_server()
             self.pool.start()
             self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
                                      on_delivery_failure=self.on_delivery_failure).start()
@@ -143,6 +150,7 @@ class Supervisor:
                 if woken:
                     _drain_socket(rsock)
                 self.on_events(events, self.read_clock()[0])
+                self.metrics.loop_completed(time.monotonic())
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
@@ -153,6 +161,7 @@ class Supervisor:
             if self.notifier is not None:
                 self.notifier.stop()
             self.liveness.stop()
+            self.metrics.stop_server()
         log.info("supervisor %s stopped", self.settings.instance)
         return 0
 
@@ -178,7 +187,9 @@ class Supervisor:
                     self.rescan(now)
                 self.dispatch_due(now)
                 next_due = self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+                self.metrics.poll(None)
             except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
+                self.metrics.poll(_short(exc))
                 log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
                 self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
@@ -220,7 +231,8 @@ class Supervisor:
         Its outcome is recorded only if the run row is still Running (never over another's verdict)."""
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
-        log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why)
+        self.metrics.run_killed("fence")
+        log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=_ctx(flight))
         self.record(flight, now, status="Failed", success=False, error_message=f"fenced: run killed because {why}")
 
     def rescan(self, now: dt.datetime) -> None:
@@ -234,7 +246,8 @@ class Supervisor:
         if abandoned and self.notifier is not None:
             self.notifier.wake()
         for run in abandoned:
-            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"])
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
         for job in self.store.unscheduled_active_jobs():
             if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
                 continue
@@ -282,12 +295,14 @@ class Supervisor:
                    else "missed and missed_run_policy is Skip")
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True,
                                           notices=self._skip_notices(job, seen, "Missed", why)):
-                log.warning("job %s: occurrence %s skipped: %s", job["name"], _iso(seen), why)
+                self.metrics.occurrence_skipped("backlog" if decision.skipped_older else "missed")
+                log.warning("job %s: occurrence %s skipped: %s", job["name"], _iso(seen), why, extra=_ctx(job))
             return False
         if job["job_type"] not in known:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
+                self.metrics.occurrence_skipped("job_type_unavailable")
                 log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
-                          job["name"], _iso(seen), job["job_type"])
+                          job["name"], _iso(seen), job["job_type"], extra=_ctx(job))
             return False
         if self._claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
             return True
@@ -295,8 +310,9 @@ class Supervisor:
         if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll" and self.store.set_next_run_at(
                 job["id"], seen, next_run_at, now, skipped=True,
                 notices=self._skip_notices(job, seen, "Skipped", busy)):
+            self.metrics.occurrence_skipped("concurrency")
             log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
-                        job["name"], _iso(seen))
+                        job["name"], _iso(seen), extra=_ctx(job))
         return False
 
     def _skip_notices(self, job: dict, seen: dt.datetime | None, event: str, why: str) -> list[dict]:
@@ -336,9 +352,12 @@ class Supervisor:
         try:
             self.pool.submit(worker, request)
         except OSError:
-            log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid, claim.run_id)
+            log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid, claim.run_id,
+                        extra=_ctx(flight))
+        self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
         log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
-                 job["job_type"], _iso(scheduled_at) if scheduled_at else "a manual request", worker.pid, _iso(deadline))
+                 job["job_type"], _iso(scheduled_at) if scheduled_at else "a manual request", worker.pid, _iso(deadline),
+                 extra=_ctx(flight))
         return flight
 
     # -- manual runs ------------------------------------------------------------------------------
@@ -401,7 +420,7 @@ class Supervisor:
                             details=message.details, notification=message.notification)
             elif isinstance(message, protocol.RunStarted) and flight is not None:
                 log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
-                          (message.at - flight.started_at.timestamp()) * 1000)
+                          (message.at - flight.started_at.timestamp()) * 1000, extra=_ctx(flight))
             elif isinstance(message, protocol.Heartbeat) and flight is not None:
                 self.heartbeat(flight, now)
             elif isinstance(message, protocol.Ready):
@@ -428,15 +447,15 @@ class Supervisor:
         try:
             extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
         except Exception as exc:  # noqa: BLE001 - the plugin keeps its current deadline
-            log.warning("run %d: heartbeat not applied (%s)", flight.run_id, _short(exc))
+            log.warning("run %d: heartbeat not applied (%s)", flight.run_id, _short(exc), extra=_ctx(flight))
             return
         if extended:
             flight.deadline = deadline
             flight.last_extended = now
-            log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, _iso(deadline))
+            log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, _iso(deadline), extra=_ctx(flight))
         else:
             log.warning("run %d of job %s: heartbeat could not extend the lease (token no longer holds it)",
-                        flight.run_id, flight.job_name)
+                        flight.run_id, flight.job_name, extra=_ctx(flight))
 
     # -- deadlines, shutdown ----------------------------------------------------------------------
     def enforce_deadlines(self, now: dt.datetime) -> None:
@@ -445,6 +464,7 @@ class Supervisor:
             del self.inflight[flight.run_id]
             pid = flight.worker.pid
             self.pool.kill(flight.worker)
+            self.metrics.run_killed("deadline")
             self.record(flight, now, status="Timeout", success=False,
                         error_message=(f"run exceeded its deadline of {flight.timeout_s:g} s "
                                        f"(started {_iso(flight.started_at)}); worker {pid} and its process tree "
@@ -480,6 +500,7 @@ class Supervisor:
         for flight in list(self.inflight.values()):
             del self.inflight[flight.run_id]
             self.pool.kill(flight.worker)
+            self.metrics.run_killed("shutdown")
             self.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
 
     # -- recording --------------------------------------------------------------------------------
@@ -497,7 +518,7 @@ class Supervisor:
         if not self._store_outcome(flight, outcome):
             self.pending.append((flight, outcome))
             log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",
-                        flight.run_id, flight.job_name, status)
+                        flight.run_id, flight.job_name, status, extra=_ctx(flight))
 
     def retry_pending(self, now: dt.datetime) -> None:
         """Record results that arrived while the database was unreachable, oldest first."""
@@ -513,18 +534,19 @@ class Supervisor:
         try:
             recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
         except Exception as exc:  # noqa: BLE001
-            log.debug("run %d: recording failed: %s", flight.run_id, _short(exc))
+            log.debug("run %d: recording failed: %s", flight.run_id, _short(exc), extra=_ctx(flight))
             return False
         if not recorded:
             log.warning("run %d of job %s: result %s not recorded: its run row is no longer Running (abandoned by "
                         "another supervisor, or its job was removed)",
-                        flight.run_id, flight.job_name, status)
+                        flight.run_id, flight.job_name, status, extra=_ctx(flight))
             return True
+        self.metrics.run_finished(flight.job_type, status, duration_ms / 1000)
         if outcome["notices"] and self.notifier is not None:
             self.notifier.wake()
         level = logging.INFO if status == "Completed" else logging.ERROR
         log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
-                duration_ms, f": {error_message}" if error_message and status != "Completed" else "")
+                duration_ms, f": {error_message}" if error_message and status != "Completed" else "", extra=_ctx(flight))
         return True
 
     # -- bad jobs and plugin reporting --------------------------------------------------------------
@@ -577,6 +599,14 @@ class Supervisor:
                 self._logged_failures.add(key)
                 log.error("plugin module %s failed to load; its job types are unavailable:\n%s",
                           failure.module, failure.error.rstrip())
+
+
+def _ctx(item: InFlight | dict) -> dict:
+    """``extra=`` for a log call about a run (an :class:`InFlight`) or a job (a row): the JSON log's
+    ``job`` and ``run_id`` fields (see :mod:`logs`)."""
+    if isinstance(item, InFlight):
+        return {"job": item.job_name, "run_id": item.run_id}
+    return {"job": item["name"]}
 
 
 def _iso(when: dt.datetime | None) -> str:

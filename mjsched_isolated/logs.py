@@ -1,0 +1,82 @@
+"""Log handlers: the text format (unchanged, tests parse it) or one JSON object per line, on stderr.
+
+``settings.log_format`` / ``--log-format``: ``text`` (default) or ``json``. A JSON line holds ``ts``
+(ISO-8601 UTC with milliseconds, ``Z``), ``level``, ``logger``, ``event`` (the formatted message) and, when
+known, ``job``, ``run_id`` (passed as ``extra=`` by the supervisor, or set for the run a worker child is
+executing), ``supervisor`` (the instance), ``worker`` (a child's pid) and ``exc`` (a traceback). Worker
+children configure the same format (the pool passes it), so their lines, including what plugins log
+through :mod:`logging`, are JSON too; what a plugin writes to stdout/stderr directly is not.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+WORKER_TEXT_FORMAT = "%(asctime)s %(levelname)s [worker {pid}] %(name)s: %(message)s"
+FORMATS = ("text", "json")
+
+# the run a worker child is executing: (job name, run id), attached to its JSON lines
+current_run: tuple[str, int] | None = None
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record; see the module docstring for the keys."""
+
+    def __init__(self, instance: str | None = None, worker_pid: int | None = None) -> None:
+        super().__init__()
+        self.instance = instance
+        self.worker_pid = worker_pid
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds")
+        line: dict = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname, "logger": record.name,
+                      "event": record.getMessage()}
+        job, run_id = getattr(record, "job", None), getattr(record, "run_id", None)
+        if job is None and run_id is None and current_run is not None:
+            job, run_id = current_run
+        if job is not None:
+            line["job"] = job
+        if run_id is not None:
+            line["run_id"] = run_id
+        if self.instance is not None:
+            line["supervisor"] = self.instance
+        if self.worker_pid is not None:
+            line["worker"] = self.worker_pid
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exc"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = record.stack_info
+        return json.dumps(line, default=str)
+
+
+def configure(level: str | int, fmt: str = "text", instance: str | None = None, *,
+              worker_pid: int | None = None) -> None:
+    """Replace the root logger's handlers with one stderr handler in ``fmt`` (``text`` or ``json``) at
+    ``level``. ``instance``: the supervisor named in JSON lines; ``worker_pid``: set in worker children
+    (text lines then carry ``[worker PID]``). Raises ``ValueError`` for an unknown ``fmt``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log_format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter(instance, worker_pid))
+    else:
+        text = TEXT_FORMAT if worker_pid is None else WORKER_TEXT_FORMAT.format(pid=worker_pid)
+        handler.setFormatter(logging.Formatter(text))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def set_instance(instance: str) -> None:
+    """Name the supervisor in JSON lines from now on (known only once settings are built)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            handler.formatter.instance = instance
