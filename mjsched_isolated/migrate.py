@@ -206,6 +206,13 @@ def prepare(engine: Engine, *, auto_upgrade: bool = False) -> SchemaStatus:
     status = check(engine)
     if status.state == "current":
         return status
+    if status.state != "empty" and not auto_upgrade:
+        # MySQL/MariaDB DDL is not transactional: another process creating this database may be between
+        # 0001 and head right now. Look again once its lock is released before calling the schema outdated.
+        with _locked(engine) as conn:
+            status = _status(conn)
+        if status.state == "current":
+            return status
     if status.state == "empty" or (auto_upgrade and status.state in ("legacy", "outdated")):
         _, after = upgrade(engine, only_if_empty=not auto_upgrade)
         if after.state == "current":
