@@ -185,3 +185,20 @@ def test_check_validates_the_configured_jobs_file(tmp_path):
     proc = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS,
                 env={"MJSCHED_JOBS_FILE": str(jobs_file)})
     assert proc.returncode == 1 and "PROBLEM jobs file:" in proc.stdout and "cron_expression" in proc.stdout, proc.stdout
+
+
+def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
+    from alembic import command
+
+    from mjsched_isolated import migrate, schema
+
+    db = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = schema.connect(db)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(migrate.config(conn), "0001")
+    finally:
+        engine.dispose()
+    proc = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "PROBLEM database schema is at revision 0001" in proc.stdout and "db upgrade" in proc.stdout
