@@ -10,6 +10,11 @@ The path from "job is due" to "run recorded", top to bottom:
    sentinel and the signal pipe at once, so a result, a crash, a signal or a due time wakes it at once.
 3. :meth:`on_events` turns child messages into records: ``RunFinished`` -> Completed/Failed, a dead
    child -> Failed with its exit code or signal, ``Heartbeat`` -> a token-checked deadline extension.
+   The run's notices (:mod:`notices`) go into the outbox in the transaction that records it.
+
+Beside the loop, owned elsewhere: :mod:`notifier` (a thread delivering the outbox), :mod:`metrics` (a thread
+serving ``/metrics`` and ``/healthz``), :mod:`retention` (one pruning batch per step), :mod:`liveness` (the
+supervisor's lease) and :mod:`pool` (children, recycling). The loop only calls them.
 """
 
 from __future__ import annotations
