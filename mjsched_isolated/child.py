@@ -67,7 +67,12 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
             logs.current_run = None
             busy.value = 0
             baseline.restore()
-            sender.send(result)
+            try:
+                sender.send(result)
+            except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable plugin data
+                sender.send(protocol.RunFinished(
+                    run_id=result.run_id, success=result.success, error_message=result.error_message,
+                    details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"}))
 
 
 def validate(registry: Registry, job_type: str, configuration: str | None) -> str | None:
@@ -113,11 +118,11 @@ def run(registry: Registry, req: protocol.RunRequest, sender: "_Sender") -> prot
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tail = traceback.format_exc()[-4000:]
-        error = f"plugin raised {text}"[:MAX_ERROR_CHARS]
+        error = _text(f"plugin raised {text}")[:MAX_ERROR_CHARS]
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
                                         success=False, error_message=error)))
-    error = None if result.error_message is None else str(result.error_message)[:MAX_ERROR_CHARS]
+    error = None if result.error_message is None else _text(result.error_message)[:MAX_ERROR_CHARS]
     outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
     return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
                                 details=_jsonable(result.details), notification=notice_text(plugin, context, outcome))
@@ -135,8 +140,9 @@ def notice_text(plugin: BaseScheduledJob, context: JobContext, result: Scheduled
             if content.priority not in ("Low", "Normal", "High"):
                 raise ValueError(f"priority must be Low, Normal or High, got {content.priority!r}")
             metadata = content.metadata if isinstance(content.metadata, dict) else None
-            return protocol.NoticeText(subject=str(content.subject)[:MAX_ERROR_CHARS],
-                                       body=str(content.body)[:MAX_DETAILS_BYTES], priority=content.priority,
+            subject = " ".join(_text(content.subject).split())  # one header line: no CR/LF, no NUL
+            return protocol.NoticeText(subject=subject[:MAX_ERROR_CHARS] or f"Scheduled job '{context.job_name}'",
+                                       body=_text(content.body)[:MAX_DETAILS_BYTES], priority=content.priority,
                                        metadata=_jsonable(metadata))
         except BaseException as exc:  # noqa: BLE001 - a notice must never break the run's record
             log.warning("format_notification of %s raised %s: %s; the default notice is used instead",
@@ -216,6 +222,22 @@ def _from_epoch(value: float | None) -> dt.datetime | None:
     return None if value is None else dt.datetime.fromtimestamp(value, dt.timezone.utc)
 
 
+def _text(value: object) -> str:
+    """A plugin's string as text every database stores: NUL (which PostgreSQL refuses) becomes U+FFFD."""
+    return str(value).replace("\x00", "\ufffd")
+
+
+def _wire_safe(value: object) -> object:
+    """JSON values the pipe's msgpack encoding accepts: integers beyond 64 bits become strings."""
+    if isinstance(value, dict):
+        return {k: _wire_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_wire_safe(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
+
+
 def _jsonable(details: dict | None) -> dict | None:
     """Details as plain JSON values (anything else becomes its ``repr``), at most ``MAX_DETAILS_BYTES``
     encoded; larger ones are replaced by a preview."""
@@ -225,4 +247,4 @@ def _jsonable(details: dict | None) -> dict | None:
     if len(encoded) > MAX_DETAILS_BYTES:
         return {"truncated": True, "size_bytes": len(encoded),
                 "preview": encoded[:2000].decode("utf-8", errors="replace")}
-    return msgspec.json.decode(encoded)
+    return _wire_safe(msgspec.json.decode(encoded))

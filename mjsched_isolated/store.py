@@ -582,6 +582,17 @@ class Store:
         return deleted
 
 
+def is_permanent_error(exc: BaseException) -> bool:
+    """True if retrying the same statement cannot help: the data was refused (a NUL byte PostgreSQL will
+    not store, a constraint, a value that cannot be bound), as opposed to a database that is unreachable
+    or busy (``OperationalError``/``InterfaceError``), which is worth retrying."""
+    if isinstance(exc, (sa.exc.DataError, sa.exc.IntegrityError, sa.exc.ProgrammingError)):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        return _is_constraint_violation(exc)
+    return isinstance(exc, (sa.exc.StatementError, TypeError, ValueError))  # failed while binding, client side
+
+
 def _is_constraint_violation(exc: sa.exc.DBAPIError) -> bool:
     """IntegrityError, or MySQL/MariaDB's CHECK violation, which PyMySQL reports as OperationalError."""
     if isinstance(exc, sa.exc.IntegrityError):

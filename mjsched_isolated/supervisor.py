@@ -35,7 +35,7 @@ from .liveness import Liveness
 from .notifier import Notifier
 from .pool import ChildEvent, Pool, Worker
 from .retention import Pruner
-from .store import Store
+from .store import Store, is_permanent_error
 
 log = logging.getLogger("mjsched.supervisor")
 UTC = dt.timezone.utc
@@ -539,6 +539,16 @@ class Supervisor:
         try:
             recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
         except Exception as exc:  # noqa: BLE001
+            if is_permanent_error(exc) and (outcome["details"] is not None or outcome["notices"]
+                                            or "result refused" not in (outcome["error_message"] or "")):
+                # the database refused what the plugin reported (e.g. a NUL byte on PostgreSQL): retrying
+                # cannot help, so record the outcome without the plugin's text rather than never
+                log.error("run %d of job %s: the database refused its result (%s); recording %s without the "
+                          "plugin's message, details and notices", flight.run_id, flight.job_name, _short(exc),
+                          status, extra=_ctx(flight))
+                outcome.update(details=None, notices=[], error_message=(
+                    f"result refused by the database ({_short(exc, 300)}); the run ended {status}"))
+                return self._store_outcome(flight, outcome)
             log.debug("run %d: recording failed: %s", flight.run_id, _short(exc), extra=_ctx(flight))
             return False
         if not recorded:

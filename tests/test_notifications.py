@@ -406,3 +406,63 @@ def test_a_failing_job_emails_and_a_webhook_notice_survives_a_restart(store: Sto
         controller.stop()
         if server:
             server.close()
+
+
+@pytest.mark.timeout(60)
+def test_awkward_plugin_output_is_recorded_on_postgresql_not_retried_forever(tmp_path):
+    """NUL bytes (PostgreSQL refuses them in text), a CR/LF subject and 100-bit integers from a plugin: the
+    run is still recorded at once with its real outcome, and its notice is one clean header line."""
+    from conftest import Driver
+
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        d = Driver(store, url, notifications=Notifications(webhook=WebhookChannel(url="http://127.0.0.1:9/never")))
+        try:
+            d.start()
+            add_job(store, "awkward-fails", "awkward", "0 0 1 1 *")
+            add_job(store, "awkward-succeeds", "awkward", "0 0 1 1 *", configuration=json.dumps({"succeed": True}),
+                    notify_on_success=True)
+            names = ("awkward-fails", "awkward-succeeds")
+            d.until(lambda: all(store.list_runs(job_name=n) and store.list_runs(job_name=n)[0]["status"] != "Running"
+                                for n in names), 30)
+            assert not d.supervisor.pending  # nothing kept for a retry that could never succeed
+        finally:
+            d.close()
+        failed = store.list_runs(job_name="awkward-fails")[0]
+        ok = store.list_runs(job_name="awkward-succeeds")[0]
+        assert failed["status"] == "Failed" and failed["error_message"] == "bad\ufffdbyte"
+        assert ok["status"] == "Completed", ok  # unencodable metadata never turns a success into a failure
+        assert ok["details"]["big"] == str(10**30) and ok["details"]["nul"] == "a\x00b"
+        notes = {r["job_name"]: r for r in store.list_notifications() if r["channel"] == "webhook"}
+        for name in names:
+            assert notes[name]["subject"] == "line1 Bcc: evil@example.org"
+            assert notes[name]["body"] == "body\ufffdwith nul"
+            assert json.loads(notes[name]["details"])["big"] == str(10**30)
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_result_the_database_refuses_is_recorded_without_the_plugin_text(tmp_path):
+    """The supervisor's own guard, below the child's: a refused value (here a NUL byte handed straight to
+    record on PostgreSQL) is a permanent error, recorded at once without the text, never retried forever."""
+    from conftest import Driver
+
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        d = Driver(store, url, notifications=Notifications(webhook=WebhookChannel(url="http://127.0.0.1:9/never")))
+        try:
+            d.start()
+            add_job(store, "refused", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 30}))
+            d.until(lambda: bool(d.supervisor.inflight), 20)
+            flight = d.supervisor.inflight.pop(next(iter(d.supervisor.inflight)))
+            d.pool.kill(flight.worker)
+            d.supervisor.record(flight, d.supervisor.read_clock()[0], status="Failed", success=False,
+                                error_message="refused\x00text", details={"k": 1})
+            assert not d.supervisor.pending
+        finally:
+            d.close()
+        run = store.list_runs(job_name="refused")[0]
+        assert run["status"] == "Failed" and run["details"] is None
+        assert run["error_message"].startswith("result refused by the database") and "ended Failed" in run["error_message"]
+        assert not [r for r in store.list_notifications() if r["job_name"] == "refused"]
+        store.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+from mjsched_isolated import BaseScheduledJob, NotificationContent, ScheduledJobResult
 from mjsched_isolated.errors import ConfigurationError
 
 
@@ -231,3 +231,23 @@ class BadNotice(BaseScheduledJob):
 
     def format_notification(self, context, result):
         raise RuntimeError("formatter broke")
+
+
+class AwkwardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    succeed: bool = False
+
+
+class Awkward(BaseScheduledJob):
+    """Reports what databases and the pipe dislike: NUL bytes in its error and notice, a subject with a
+    CR/LF header injection, and integers beyond 64 bits in its details and notice metadata."""
+
+    job_type = "awkward"
+    configuration_type = AwkwardConfig
+
+    def execute(self, context):
+        return ScheduledJobResult(success=context.configuration.succeed, details={"big": 10**30, "nul": "a\x00b"},
+                                  error_message=None if context.configuration.succeed else "bad\x00byte")
+
+    def format_notification(self, context, result):
+        return NotificationContent(subject="line1\r\nBcc: evil@example.org", body="body\x00with nul",
+                                   priority="High", metadata={"big": 10**30})
