@@ -6,7 +6,8 @@ states of :class:`SchemaStatus`:
 
 * ``empty`` (none of our tables): :func:`prepare` brings it to head the first time it is opened.
 * ``legacy`` (tables made by ``create_all`` before migrations existed, no ``alembic_version``):
-  recognised as ``0001``; :func:`upgrade` stamps it 0001, then migrates it.
+  recognised as the revision its tables match (``0001``, or ``0002`` for a build between the two);
+  :func:`upgrade` stamps it so, then migrates it.
 * ``outdated`` / ``unknown`` (a revision newer than this code): refused with :class:`SchemaError`
   until ``python -m mjsched_isolated db upgrade`` (or ``serve --auto-upgrade``); nothing is written.
 * ``current``.
@@ -98,7 +99,7 @@ def _status(conn: Connection) -> SchemaStatus:
     if "alembic_version" in tables:
         current = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
     elif tables & BASELINE_TABLES:
-        return SchemaStatus(BASELINE, head, "legacy")
+        return SchemaStatus(_legacy_revision(conn, tables), head, "legacy")
     else:
         current = None
     if current is None:
@@ -110,6 +111,16 @@ def _status(conn: Connection) -> SchemaStatus:
     except Exception:  # noqa: BLE001 - alembic raises several kinds for an id it does not have
         return SchemaStatus(current, head, "unknown")
     return SchemaStatus(current, head, "outdated")
+
+
+def _legacy_revision(conn: Connection, tables: set[str]) -> str:
+    """The revision a database made by ``create_all`` (no ``alembic_version``) matches: 0002 if it already
+    has the notification outbox and the jobs columns 0002 adds (made by a build between the two), else 0001."""
+    if "notifications" in tables:
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+        if {"notify_on_missed", "notify_recipients"} <= columns:
+            return "0002"
+    return BASELINE
 
 
 def check(engine: Engine) -> SchemaStatus:
@@ -180,7 +191,8 @@ def _quiet_alembic() -> Iterator[None]:
 
 
 def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatus, SchemaStatus]:
-    """Apply pending migrations under the schema lock; a legacy database is stamped 0001 first.
+    """Apply pending migrations under the schema lock; a legacy database is stamped with the revision
+    it matches (:func:`_legacy_revision`) first.
     Returns (before, after), both read under the lock. With ``only_if_empty`` a database found
     non-empty under the lock is left alone. Raises :class:`SchemaError` for a revision newer than this code."""
     with _locked(engine) as conn:
@@ -191,7 +203,7 @@ def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatu
             cfg = config(conn)
             with _quiet_alembic():
                 if before.state == "legacy":
-                    command.stamp(cfg, BASELINE)
+                    command.stamp(cfg, before.current)
                 command.upgrade(cfg, "head")
             # creating the schema of a new database is routine (DEBUG); changing an existing one is news
             log.log(logging.DEBUG if before.state == "empty" else logging.INFO,

@@ -190,6 +190,25 @@ def test_pre_migration_database_with_data_is_recognised_and_upgraded(backend_url
 
 
 @pytest.mark.timeout(60)
+def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(backend_url):
+    """A build between the two revisions made the outbox with create_all and no alembic_version: it must
+    be stamped 0002, not 0001 (whose upgrade would add existing columns and fail)."""
+    engine = make_at(backend_url, "0002", stamped=False)
+    try:
+        fill(engine)
+        assert migrate.check(engine) == migrate.SchemaStatus("0002", HEAD, "legacy")
+        was, now = migrate.upgrade(engine)
+        assert (was.current, now.current, now.state) == ("0002", HEAD, "current")
+        store = Store.open(backend_url)
+        try:
+            assert store.get_job("leased")["lock_token"] == "0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11"
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_migrated_schema_equals_metadata(backend, tmp_path):
     """Guards 0001/0002 against drifting from schema.py: fresh migrated == create_all, and 0001 == the
