@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from . import cron, jobspec, logs
 from .config import Settings, load_settings, redact_url
 from .errors import InputError, MjschedError, NotFoundError
+from .errors import first_line as _short
 from .inspection import inspect_plugins
 from .migrate import SchemaError
 from .pool import Pool
@@ -217,10 +218,11 @@ def open_store(url: str, *, auto_upgrade: bool = False) -> Store:
     """Store.open with connection problems reported as bad input on ``--db``."""
     try:
         return Store.open(url, auto_upgrade=auto_upgrade)
-    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise InputError("--db", f"not a usable database URL {redact_url(url)!r} ({exc})") from None
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError) as exc:  # ValueError: e.g. a bad port
+        raise InputError("--db", f"not a usable database URL {redact_url(url)!r} ({_short(exc)})") from None
     except sa.exc.OperationalError as exc:
-        if getattr(exc, "connection_invalidated", False) or "connect" in str(exc.orig).lower():
+        reason = str(exc.orig).lower()
+        if getattr(exc, "connection_invalidated", False) or "connect" in reason or "unable to open" in reason:
             raise InputError("--db", f"cannot connect to {redact_url(url)!r}: "
                                      f"{str(exc.orig).strip().splitlines()[0]}") from None
         raise
@@ -536,6 +538,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for job, error in zip(jobs, inspect_plugins(settings.plugins_dir, checks).errors if checks else []):
         if error is not None:
             problems.append(f"job {job['name']}: {error}")
+    email = settings.notifications.email
+    if email is not None and not email.recipients:
+        for job in jobs:
+            if (job["notify_on_failure"] or job["notify_on_success"] or job["notify_on_missed"]) \
+                    and not job["notify_recipients"]:
+                problems.append(f"job {job['name']}: notify_recipients: none, and notifications.email.recipients "
+                                "is empty: its email notices could not be delivered")
     bad = {job["name"] for job in jobs if any(p.startswith(f"job {job['name']}: ") for p in problems)}
     notes.append(f"jobs: {len(jobs)} in the database, {len(jobs) - len(bad)} ok")
     if args.json:
@@ -586,7 +595,7 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
     now = store.db_now()  # run timestamps are written by the database clock
     if args.dry_run:
         count = store.count_prunable_runs(now, retention.keep_days, retention.keep_min_per_job)
-        notices = 0
+        notices = store.count_prunable_notifications(now, retention.keep_days)
     else:
         count = store.prune_runs(now, retention.keep_days, retention.keep_min_per_job, retention.prune_batch_size)
         notices = store.prune_notifications(now, retention.keep_days, retention.prune_batch_size)
@@ -597,7 +606,8 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
         print("keep_days is 0: every run is kept; nothing pruned")
     else:
         print(f"{'would prune' if args.dry_run else 'pruned'} {count} finished run(s) older than "
-              f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job)")
+              f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job) and "
+              f"{notices} delivered or given-up notification(s)")
     return EXIT_OK
 
 

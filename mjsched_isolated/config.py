@@ -17,6 +17,7 @@ import re
 import socket
 import tomllib
 import typing
+import urllib.parse
 from typing import Any, Literal
 
 import msgspec
@@ -95,6 +96,14 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         _seconds("metrics.", self, ("stall_after_s",))
 
 
+def is_email_address(address: str) -> bool:
+    """A plausible single address (``local@domain``, no spaces, separators or header characters): enough
+    to catch a typo or a header injection; the SMTP server has the last word."""
+    text = address.strip()
+    local, at, domain = text.rpartition("@")
+    return bool(at and local and domain) and not any(c.isspace() or c in ",;<>\"" for c in text)
+
+
 class EmailChannel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[notifications.email]``: SMTP delivery (stdlib smtplib). ``security``: ``none``, ``starttls`` or
     ``ssl`` (implicit TLS). ``recipients``: used for jobs that name none of their own. ``password`` is a
@@ -110,6 +119,13 @@ class EmailChannel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
+        if not self.host.strip():
+            raise InputError("notifications.email.host", "must not be empty")
+        if not is_email_address(self.sender):
+            raise InputError("notifications.email.sender", f"not an email address: {self.sender!r}")
+        for i, address in enumerate(self.recipients):
+            if not is_email_address(address):
+                raise InputError(f"notifications.email.recipients[{i}]", f"not an email address: {address!r}")
         if not 1 <= self.port <= 65535:
             raise InputError("notifications.email.port", f"must be between 1 and 65535, got {self.port}")
         _seconds("notifications.email.", self, ("timeout_s",))
@@ -129,8 +145,10 @@ class WebhookChannel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise InputError("notifications.webhook.url", f"must be an http:// or https:// URL, got {self.url!r}")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InputError("notifications.webhook.url", f"must be an http:// or https:// URL with a host, "
+                                                          f"got {self.url!r}")
         _seconds("notifications.webhook.", self, ("timeout_s",))
 
     def __repr__(self) -> str:
@@ -153,6 +171,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if not 1 <= self.max_attempts <= 1000:
             raise InputError("notifications.max_attempts", f"must be between 1 and 1000, got {self.max_attempts}")
         _seconds("notifications.", self, ("retry_backoff_s", "retry_backoff_max_s"))
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise InputError("notifications.retry_backoff_max_s", f"must be at least retry_backoff_s "
+                                                                 f"({self.retry_backoff_s}), got {self.retry_backoff_max_s}")
 
     def channels(self) -> list[str]:
         """Names of the enabled channels, in delivery order."""
@@ -229,14 +250,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
+SECRET_WORDS = ("password", "passwd", "pwd", "secret", "token", "key")
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (SQLAlchemy's own rendering), for logs and errors."""
     import sqlalchemy as sa
 
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL at all: nothing to hide in a way we could parse
-        return url
+        parsed = sa.engine.make_url(url)
+    except Exception:  # noqa: BLE001 - unparseable (a bad port, say): mask what looks like a secret anyway
+        masked = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
+        return re.sub(r"([?&][^=&]*(?:" + "|".join(SECRET_WORDS) + r")[^=&]*=)[^&]*", r"\1***", masked, flags=re.I)
+    # a password can also be a query parameter (?password=..., libpq's form): masked the same way
+    query = {k: ("***" if any(word in k.lower() for word in SECRET_WORDS) else v) for k, v in parsed.query.items()}
+    return parsed.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
 
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
@@ -298,7 +326,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-_FIELD_PREFIX = re.compile(r"(?P<field>[a-z_][a-z0-9_.]*): ")
+_FIELD_PREFIX = re.compile(r"(?P<field>[a-z_][a-z0-9_.\[\]]*): ")
 
 
 def build_settings(table: dict[str, Any]) -> Settings:

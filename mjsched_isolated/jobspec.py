@@ -16,6 +16,7 @@ import msgspec
 
 from . import cron, planner
 from .errors import InputError
+from .config import is_email_address
 from .schema import CONCURRENCY_MODES, JOB_STATUSES, MISSED_RUN_POLICIES
 
 
@@ -78,8 +79,7 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")
     for i, address in enumerate(spec.notify_recipients or []):
-        local, at, domain = address.strip().rpartition("@")
-        if not at or not local or not domain or any(c.isspace() or c in ",;<>" for c in address.strip()):
+        if not is_email_address(address):
             fail(f"notify_recipients[{i}]", f"not an email address: {address!r}")
     zone = cron.zone(spec.timezone)
     start_at = _aware(spec.start_at, zone)

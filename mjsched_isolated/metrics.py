@@ -108,7 +108,7 @@ class PrometheusMetrics(Metrics):
         self.renewal_failures = Counter("mjsched_lease_renewal_failures", "failed liveness-lease renewals",
                                         registry=r)
         self.poll_failures = Counter("mjsched_poll_failures", "polls of the jobs table that failed", registry=r)
-        self.notification_failures = Counter("mjsched_notification_failures", "notifications not delivered",
+        self.notification_failures = Counter("mjsched_notification_failures", "failed notification delivery attempts",
                                              ["channel"], registry=r)
         self.last_loop_mono = time.monotonic()
         self.database_error: str | None = None  # of the latest poll or lease renewal; None if it worked

@@ -56,7 +56,7 @@ def job_recipients(job: Row) -> list[str] | None:
 
 
 def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
-            text: NoticeText | None = None) -> Notice | None:
+            text: NoticeText | None = None, scheduled_at: dt.datetime | None = None) -> Notice | None:
     """The notice for run ``run_id`` of ``job`` (a row with ``id``, ``name``, ``notify_*``) ending in
     ``status`` (Completed, Failed, Timeout, Cancelled), or None when it does not notify. ``text`` is the
     plugin's formatted notice; a default is used without it."""
@@ -76,6 +76,8 @@ def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
                               body=f"Run {run_id} of job '{job['name']}' {what}: {error_message or 'no error message'}",
                               priority="High")
     details = {**(text.metadata or {}), "status": status}
+    if scheduled_at is not None:
+        details["scheduled_at"] = scheduled_at.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
     if error_message and event == "Failure":
         details.setdefault("error_message", error_message)
     return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=run_id, subject=text.subject,

@@ -542,6 +542,15 @@ class Store:
         with self.engine.begin() as conn:
             return conn.execute(runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != "Running")).rowcount
 
+    def count_prunable_notifications(self, now: dt.datetime, keep_days: float) -> int:
+        """How many notifications :meth:`prune_notifications` would delete now (``runs prune --dry-run``)."""
+        if keep_days <= 0:
+            return 0
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(notifications).where(
+                notifications.c.status.in_(("Sent", "Failed")),
+                notifications.c.created_at < now - dt.timedelta(days=keep_days))).scalar_one()
+
     def prune_notifications(self, now: dt.datetime, keep_days: float, batch_size: int = 500,
                             max_batches: int | None = None) -> int:
         """Delete delivered (Sent) and given-up (Failed) notifications created more than ``keep_days`` days

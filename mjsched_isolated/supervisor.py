@@ -28,7 +28,7 @@ from typing import Any
 
 from . import metrics as metrics_mod
 from . import notices, planner, protocol
-from .config import Settings
+from .config import Settings, redact_url
 from .errors import CronError
 from .errors import first_line as _short
 from .liveness import Liveness
@@ -61,6 +61,7 @@ class InFlight:
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
+        self.scheduled_at: dt.datetime | None = None  # the occurrence (None: a manual run)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients")}  # what notices need
 
@@ -137,7 +138,7 @@ class Supervisor:
                                      on_delivery_failure=self.on_delivery_failure).start()
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
-                     self.store.engine.url.render_as_string(hide_password=True))
+                     redact_url(self.store.engine.url.render_as_string(hide_password=False)))
             while not self.done:
                 now, mono = self.read_clock()
                 if self._signals >= 2 and self.inflight:
@@ -349,6 +350,7 @@ class Supervisor:
         if claim is None:
             return None
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
+        flight.scheduled_at = scheduled_at
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
@@ -519,7 +521,8 @@ class Supervisor:
                        duration_ms=max(0.0, (now - flight.started_at).total_seconds() * 1000),
                        notices=notices.outbox_rows(
                            notices.for_run(flight.job, flight.run_id, status=status, error_message=error_message,
-                                           text=notification), self.settings.notifications.channels()))
+                                           text=notification, scheduled_at=flight.scheduled_at),
+                           self.settings.notifications.channels()))
         if not self._store_outcome(flight, outcome):
             self.pending.append((flight, outcome))
             log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",

@@ -102,6 +102,8 @@ def test_secrets_never_in_repr(tmp_path):
     text = repr(s) + str(s) + repr(s.notifications) + str(s.notifications.email)
     for secret in ("dbpass123", "smtppass456", "hooksecret789"):
         assert secret not in text
+    as_query = load_settings(environ={"MJSCHED_DATABASE_URL": "postgresql+psycopg://db/x?user=u&password=qpass321"})
+    assert "qpass321" not in repr(as_query) and "password=***" in repr(as_query)
 
 
 # -- through the CLI ---------------------------------------------------------------------------------------
@@ -137,6 +139,8 @@ def test_serve_takes_its_settings_from_the_file_and_flags_win(tmp_path):
 def test_serve_log_hides_database_and_channel_secrets(tmp_path):
     with isolated_database("postgresql", tmp_path) as url:
         secret_url = sa.engine.make_url(url).set(password="hunter2pw").render_as_string(hide_password=False)
+        if "?" in secret_url:  # and once more as libpq's query parameter, which must be hidden too
+            secret_url += "&password=hunter2pw"
         env = {"MJSCHED_NOTIFICATIONS_EMAIL_HOST": "127.0.0.1", "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "s@x",
                "MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD": "smtpsecret42", "MJSCHED_NOTIFICATIONS_WEBHOOK_URL": "http://127.0.0.1:9/x",
                "MJSCHED_NOTIFICATIONS_WEBHOOK_SECRET": "hooksecret42"}
@@ -202,3 +206,44 @@ def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
     proc = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "PROBLEM database schema is at revision 0001" in proc.stdout and "db upgrade" in proc.stdout
+
+
+@pytest.mark.parametrize("text, field", [
+    ("[notifications.email]\nhost = 'smtp'\nsender = 'a@b'\nrecipients = ['not an email']\n",
+     "notifications.email.recipients[0]"),
+    ("[notifications.email]\nhost = 'smtp'\nsender = 'a@b'\nrecipients = ['a@b\\r\\nBcc: x@y']\n",
+     "notifications.email.recipients[0]"),
+    ("[notifications.email]\nhost = 'smtp'\nsender = ''\n", "notifications.email.sender"),
+    ("[notifications.email]\nhost = ' '\nsender = 'a@b'\n", "notifications.email.host"),
+    ("[notifications.webhook]\nurl = 'http://'\n", "notifications.webhook.url"),
+    ("[notifications]\nretry_backoff_s = 10\nretry_backoff_max_s = 5\n", "notifications.retry_backoff_max_s"),
+])
+def test_bad_channel_settings_name_the_key(tmp_path, text, field):
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=_toml(tmp_path, text), environ={})
+    assert err.value.field == field, str(err.value)
+
+
+def test_check_warns_when_email_notices_would_have_no_recipients(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    store = Store.open(db)
+    try:
+        add_job(store, "loud", "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}))
+        add_job(store, "addressed", "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}),
+                notify_recipients=json.dumps(["ops@example.org"]))
+    finally:
+        store.close()
+    env = {"MJSCHED_NOTIFICATIONS_EMAIL_HOST": "127.0.0.1", "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "s@example.org"}
+    proc = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, env=env)
+    assert proc.returncode == 1, proc.stdout
+    assert "PROBLEM job loud: notify_recipients: none" in proc.stdout and "job addressed" not in proc.stdout
+    env["MJSCHED_NOTIFICATIONS_EMAIL_RECIPIENTS"] = "ops@example.org"
+    assert _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, env=env).returncode == 0
+
+
+def test_unparseable_database_url_is_bad_input_and_keeps_its_password_hidden(tmp_path):
+    proc = _cli(tmp_path, "jobs", "list", "--db", "postgresql+psycopg://u:pw4leak@127.0.0.1:notaport/x")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --db: not a usable database URL"), proc.stderr
+    assert "pw4leak" not in proc.stderr
+    proc = _cli(tmp_path, "jobs", "list", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    assert proc.returncode == 2 and "cannot connect" in proc.stderr, proc.stderr

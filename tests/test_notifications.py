@@ -349,6 +349,9 @@ def test_outcomes_that_notify_and_the_text_they_carry(driver_factory, store: Sto
         "fails": "Failure", "raises": "Failure", "crashes": "Failure", "hangs": "Failure", "ok-loud": "Success",
         "fancy": "Success", "bad-format": "Success", "missed": "Missed", "busy": "Skipped"}
     assert by_job["fails"]["priority"] == "High" and "it did not work" in by_job["fails"]["body"]
+    fails_run = store.list_runs(job_name="fails")[0]
+    assert json.loads(by_job["fails"]["details"])["scheduled_at"] == fails_run["scheduled_at"].isoformat().replace(
+        "+00:00", "Z")
     assert "kaboom" in by_job["raises"]["body"]
     assert "died during the run" in by_job["crashes"]["body"]
     assert "timed out" in by_job["hangs"]["subject"] and json.loads(by_job["hangs"]["details"])["status"] == "Timeout"

@@ -157,6 +157,7 @@ def test_prune_notifications_deletes_only_old_delivered_or_given_up_notices(any_
     old = [notice(40, "Sent"), notice(50, "Failed"), notice(45, "Sent")]
     kept = [notice(40, "Pending"), notice(5, "Sent"), notice(1, "Failed")]
     assert any_store.prune_notifications(NOW, 0, batch_size=2) == 0  # keep_days 0 keeps everything
+    assert any_store.count_prunable_notifications(NOW, 30) == 3
     assert any_store.prune_notifications(NOW, 30, batch_size=2) == 3  # two batches, the second short
     with any_store.engine.connect() as conn:
         assert set(conn.execute(sa.select(notifications.c.id)).scalars()) == set(kept)
