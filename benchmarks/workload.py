@@ -138,26 +138,41 @@ def _apportion(shares: dict[str, float], n: int) -> list[str]:
     return [k for k in shares for _ in range(counts[k])]
 
 
-def job_specs(w: Workload) -> list[dict]:
-    """One dict per job: ``name``, ``job_type`` ("bench"), ``cron_expression``, ``cron_kind``, ``kind``
-    (ok/hang/crash/leak), ``runtime_ms``, ``configuration``, ``concurrency_mode``, ``missed_run_policy``,
-    ``max_jitter_s``. Same workload, same list (seeded)."""
+def job_columns(w: Workload) -> dict[str, list]:
+    """The workload as columns (cheap for a million jobs): ``cron_kind``, ``kind``, ``runtime_ms`` lists,
+    index = job number. Same workload, same columns (seeded)."""
     rng = random.Random(w.seed)
     crons = _apportion(msgspec.structs.asdict(w.cron_mix), w.jobs)
     faulty = {k: round(getattr(w.faults, k) * w.jobs) for k in KINDS}
     kinds = [k for k in KINDS for _ in range(faulty[k])]
     kinds += ["ok"] * (w.jobs - len(kinds))
     rng.shuffle(kinds)
+    r = w.runtime
+    if r.distribution == "fixed":
+        runtimes = [r.mean_ms] * w.jobs
+    elif r.distribution == "uniform":
+        runtimes = [round(rng.uniform(r.min_ms, r.max_ms), 3) for _ in range(w.jobs)]
+    else:
+        runtimes = [round(rng.expovariate(1 / r.mean_ms), 3) if r.mean_ms else 0.0 for _ in range(w.jobs)]
+    return {"cron_kind": crons, "kind": kinds, "runtime_ms": runtimes}
+
+
+def job_name(w: Workload, i: int) -> str:
+    return f"{w.name}-{i:07d}"
+
+
+def job_specs(w: Workload) -> list[dict]:
+    """One dict per job: ``name``, ``job_type`` ("bench"), ``cron_expression``, ``cron_kind``, ``kind``
+    (ok/hang/crash/leak), ``runtime_ms``, ``configuration``, ``concurrency_mode``, ``missed_run_policy``,
+    ``max_jitter_s``. Same workload, same list (seeded)."""
+    cols = job_columns(w)
     specs = []
-    for i, (cron_kind, kind) in enumerate(zip(crons, kinds)):
-        r = w.runtime
-        runtime_ms = (r.mean_ms if r.distribution == "fixed" else rng.uniform(r.min_ms, r.max_ms)
-                      if r.distribution == "uniform" else rng.expovariate(1 / r.mean_ms) if r.mean_ms else 0.0)
-        config = {"kind": kind, "runtime_ms": round(runtime_ms, 3)}
+    for i, (cron_kind, kind, runtime_ms) in enumerate(zip(cols["cron_kind"], cols["kind"], cols["runtime_ms"])):
+        config = {"kind": kind, "runtime_ms": runtime_ms}
         if kind == "leak":
             config["leak_mb"] = w.faults.leak_mb
-        specs.append({"name": f"{w.name}-{i:05d}", "job_type": "bench", "cron_expression": CRONS[cron_kind],
-                      "cron_kind": cron_kind, "kind": kind, "runtime_ms": config["runtime_ms"],
+        specs.append({"name": job_name(w, i), "job_type": "bench", "cron_expression": CRONS[cron_kind],
+                      "cron_kind": cron_kind, "kind": kind, "runtime_ms": runtime_ms,
                       "configuration": config, "concurrency_mode": w.concurrency_mode,
                       "missed_run_policy": w.missed_run_policy, "max_jitter_s": w.max_jitter_s})
     return specs
@@ -170,7 +185,6 @@ def jobs_toml(w: Workload) -> str:
         out += ["[[jobs]]", f'name = "{s["name"]}"', 'job_type = "bench"', f'cron_expression = "{s["cron_expression"]}"',
                 f'concurrency_mode = "{s["concurrency_mode"]}"', f'missed_run_policy = "{s["missed_run_policy"]}"',
                 f'max_jitter_s = {float(s["max_jitter_s"])}', "[jobs.configuration]"]
-        out += [f"{k} = {v!r}" if isinstance(v, str) and False else
-                (f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {float(v)}") for k, v in s["configuration"].items()]
+        out += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {float(v)}" for k, v in s["configuration"].items()]
         out.append("")
     return "\n".join(out)
