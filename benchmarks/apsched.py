@@ -90,7 +90,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
     scheduler.add_listener(on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
     for s in specs:
         scheduler.add_job(aps_jobs.bench_job, CronTrigger(timezone="UTC", **TRIGGERS[s["cron_kind"]]), id=s["name"],
-                          kwargs=s["configuration"], replace_existing=True)
+                          name=s["name"], kwargs=s["configuration"], replace_existing=True)
     started = time.time()
     scheduler.start()
     time.sleep(duration_s)

@@ -119,7 +119,7 @@ class Simulator:
         return occ[i] if i < len(occ) else INF
 
     def _jitter(self, j: int, when: float) -> float:
-        if not self.w.max_jitter_s or when == INF:
+        if not self.w.max_jitter_s or when == INF or self.exprs[self.job_cron[j]] != wl.CRONS["hourly"]:
             return 0.0
         return planner.jitter_s({"name": wl.job_name(self.w, j), "max_jitter_s": self.w.max_jitter_s},
                                 dt.datetime.fromtimestamp(when, UTC))
@@ -130,7 +130,7 @@ class Simulator:
         if self.cfg.exact:
             row = {"cron_expression": self.exprs[self.job_cron[j]], "timezone": "UTC", "name": wl.job_name(self.w, j),
                    "next_run_at": dt.datetime.fromtimestamp(scheduled, UTC), "missed_run_policy": self.policy,
-                   "max_jitter_s": self.w.max_jitter_s}
+                   "max_jitter_s": self.w.max_jitter_s if self.exprs[self.job_cron[j]] == wl.CRONS["hourly"] else 0.0}
             d = planner.decide(row, dt.datetime.fromtimestamp(now, UTC))
             return d.run, d.next_run_at.timestamp() if d.next_run_at else INF
         base = scheduled - self._unjitter(j, scheduled)
@@ -144,7 +144,7 @@ class Simulator:
 
     def _unjitter(self, j: int, scheduled: float) -> float:
         """The jitter already in ``scheduled`` (the occurrence it belongs to is the latest one <= it)."""
-        if not self.w.max_jitter_s:
+        if not self.w.max_jitter_s or self.exprs[self.job_cron[j]] != wl.CRONS["hourly"]:
             return 0.0
         occ = self.occ[self.job_cron[j]]
         base = occ[max(0, bisect.bisect_right(occ, scheduled) - 1)]

@@ -7,7 +7,7 @@ Example (``benchmarks/workloads/mixed.toml``)::
     seed = 1                       # drawing of run times and of which job is faulty
     concurrency_mode = "Skip"      # Skip | Queue | Concurrent
     missed_run_policy = "RunOnce"  # RunOnce | Skip | RunAll
-    max_jitter_s = 0.0
+    max_jitter_s = 0.0             # given to the hourly jobs only (jitter must stay below the interval)
     [cron_mix]                     # shares (normalised): every second, every minute at :00, hourly at :00
     every_second = 0.9
     every_minute = 0.1
@@ -174,7 +174,8 @@ def job_specs(w: Workload) -> list[dict]:
         specs.append({"name": job_name(w, i), "job_type": "bench", "cron_expression": CRONS[cron_kind],
                       "cron_kind": cron_kind, "kind": kind, "runtime_ms": runtime_ms,
                       "configuration": config, "concurrency_mode": w.concurrency_mode,
-                      "missed_run_policy": w.missed_run_policy, "max_jitter_s": w.max_jitter_s})
+                      "missed_run_policy": w.missed_run_policy,
+                      "max_jitter_s": w.max_jitter_s if cron_kind == "hourly" else 0.0})
     return specs
 
 
