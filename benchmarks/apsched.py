@@ -68,21 +68,19 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
     lock = threading.Lock()
     missed = [0]
 
-    def on_event(event) -> None:
+    finished: dict[tuple[str, float], tuple[float | None, float, bool]] = {}
+
+    def on_event(event) -> None:  # called from APScheduler's threads; an execution may be reported first
         now = time.time()
         with lock:
             if event.code == EVENT_JOB_SUBMITTED:
                 for when in event.scheduled_run_times:
-                    submitted[(event.job_id, when.timestamp())] = now
+                    submitted.setdefault((event.job_id, when.timestamp()), now)
             elif event.code == EVENT_JOB_MISSED:
                 missed[0] += 1
             else:
-                sched = event.scheduled_run_time.timestamp()
                 ok = event.code == EVENT_JOB_EXECUTED
-                runs.append({"job": event.job_id, "kind": kinds.get(event.job_id, "?"), "scheduled_at": sched,
-                             "started_at": submitted.pop((event.job_id, sched), None),
-                             "exec_at": event.retval if ok else None, "completed_at": now,
-                             "status": "Completed" if ok else "Failed", "crashed": False, "instance": "aps"})
+                finished[(event.job_id, event.scheduled_run_time.timestamp())] = (event.retval if ok else None, now, ok)
 
     scheduler = BackgroundScheduler(
         jobstores={"default": SQLAlchemyJobStore(url=url)}, executors={"default": ProcessPoolExecutor(cap)},
@@ -95,10 +93,13 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
     scheduler.start()
     time.sleep(duration_s)
     stopped = time.time()
-    with lock:  # still in flight (hung): submitted, never finished
-        for (job_id, sched), sub in submitted.items():
-            runs.append({"job": job_id, "kind": kinds.get(job_id, "?"), "scheduled_at": sched, "started_at": sub,
-                         "exec_at": None, "completed_at": None, "status": "Running", "crashed": False, "instance": "aps"})
+    with lock:  # submitted and never finished: still in flight (hung)
+        for key in sorted(set(submitted) | set(finished)):
+            exec_at, done_at, ok = finished.get(key, (None, None, None))
+            runs.append({"job": key[0], "kind": kinds.get(key[0], "?"), "scheduled_at": key[1],
+                         "started_at": submitted.get(key, exec_at or done_at), "exec_at": exec_at,
+                         "completed_at": done_at, "crashed": False, "instance": "aps",
+                         "status": "Running" if ok is None else "Completed" if ok else "Failed"})
         data = {"runs": runs, "skips": counter.skips, "sample": counter.sample, "other": counter.other,
                 "missed_events": missed[0], "started": started, "stopped": stopped}
     Path(out).write_text(json.dumps(data))

@@ -63,7 +63,7 @@ def summarize(runs: list[dict], specs: list[dict], t0: float, t1: float, cap: in
     win = [r for r in runs if r["scheduled_at"] is not None and t0 <= r["scheduled_at"] < t1]
     late = [(r["started_at"] - r["scheduled_at"]) * 1000 for r in win if r["started_at"] is not None]
     healthy = [r for r in win if kinds.get(r["job"]) == "ok"]
-    healthy_late = [(r["started_at"] - r["scheduled_at"]) * 1000 for r in healthy]
+    healthy_late = [(r["started_at"] - r["scheduled_at"]) * 1000 for r in healthy if r["started_at"] is not None]
     exec_late = [(r["exec_at"] - r["scheduled_at"]) * 1000 for r in win if r.get("exec_at")]
     expected = {s["name"]: occurrences(s["cron_expression"], t0, t1) for s in specs}
     done = {}
