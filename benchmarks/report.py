@@ -163,12 +163,14 @@ def write(results: Path) -> Path:
                  "s until the dead supervisor's jobs ran again", "recovery after SIGKILL (PostgreSQL, 2 supervisors)",
                  "{} supervisors")
         md += ["## Supervisor lease TTL (2 supervisors, PostgreSQL, one SIGKILLed)", "",
-               f"`sweep.toml` without faults, cap 5 each, renewal every TTL/3, {ttl[0]['duration_s']:.0f} s, the first "
-               "supervisor SIGKILLed a third of the way in. *recovery s*: from the kill until every job whose run it "
-               "held had run again on the other supervisor.", "", "![recovery vs TTL](recovery_vs_ttl.png)", "",
-               "| TTL s | renew s | recovery s | first job back s | held jobs | both supervisors' CPU ms/run | load |", "|---|---|---|---|---|---|---|"]
+               f"`ttl.toml` (10 jobs every second, 800 ms runs), cap 5 each, renewal every TTL/3, {ttl[0]['duration_s']:.0f} s, "
+               "the first supervisor SIGKILLed 8 s in. *lease end s*: from the kill to the end of its liveness lease "
+               "(its abandoned runs' `completed_at`); *recovery s*: until every job whose run it held had run again "
+               "on the other supervisor.", "", "![recovery vs TTL](recovery_vs_ttl.png)", "",
+               "| TTL s | renew s | lease end s | recovery s | first job back s | held jobs | CPU ms/run (both) | load |",
+               "|---|---|---|---|---|---|---|---|"]
         for (t,), g in _group(ttl, "lease_ttl_s").items():
-            md.append(f"| {t:.0f} | {g[0]['renew_s']:.0f} | {_spread([r['recovery_s'] for r in g])} | "
+            md.append(f"| {t:.0f} | {g[0]['renew_s']:.0f} | {_spread([r.get('lease_end_s') for r in g])} | {_spread([r['recovery_s'] for r in g])} | "
                       f"{_spread([r['recovery_first_s'] for r in g])} | {_spread([r['killed_held_jobs'] for r in g])} | "
                       f"{_spread([r['sup_cpu_ms_per_run'] for r in g])} | {_spread([r['loadavg_1m'] for r in g])} |")
         md.append("")

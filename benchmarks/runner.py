@@ -187,15 +187,19 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
 
 
 def _recovery(runs: list[dict], sampler: Sampler, dead_pid: int, killed_at: float) -> dict:
-    """After SIGKILLing a supervisor at ``killed_at``: when its runs were abandoned (completed_at of its
-    Failed runs) and when the jobs it held ran again elsewhere."""
+    """After SIGKILLing a supervisor at ``killed_at`` (seconds after it): ``lease_end_s``, when the runs it
+    held were lost (their abandoned rows' completed_at is the end of its liveness lease); ``recovery_s`` /
+    ``recovery_first_s``, when every / the first job it held ran again on another supervisor."""
     dead = [r for r in runs if r["instance"].endswith(f"-{dead_pid}")]
     held = {r["job"] for r in dead if r["started_at"] <= killed_at and (r["completed_at"] is None or r["completed_at"] > killed_at)}
     again = [min((r["started_at"] for r in runs if r["job"] == job and r["started_at"] > killed_at
                   and not r["instance"].endswith(f"-{dead_pid}")), default=None) for job in held]
     again = [a for a in again if a is not None]
+    lost = [r["completed_at"] for r in dead if r["status"] == "Failed" and r["completed_at"] and r["started_at"] <= killed_at
+            and r["completed_at"] > killed_at]
     return {"killed_held_jobs": len(held), "recovery_s": (max(again) - killed_at) if again else None,
-            "recovery_first_s": (min(again) - killed_at) if again else None}
+            "recovery_first_s": (min(again) - killed_at) if again else None,
+            "lease_end_s": (max(lost) - killed_at) if lost else None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@
   engine run's workload and window (``agreement``).
 * ``caps``: cap 1, 2, 5, 10, 20 x lease timeout 1 s and 5 s, hung share 10 % (``sweep.toml``).
 * ``leases``: lease timeout 1, 2, 5 s x hung share 0, 10 %, 30 % at cap 5.
-* ``ttl``: 2 supervisors on PostgreSQL, one SIGKILLed a third of the way in, lease TTL 3, 6, 12 s
-  (renewal every TTL/3): recovery time, and supervisor CPU.
+* ``ttl``: ``ttl.toml`` (10 jobs every second, 800 ms runs), 2 supervisors on PostgreSQL, one SIGKILLed 8 s
+  in, lease TTL 3, 6, 12 s (renewal every TTL/3): when its runs were lost and its jobs ran again.
 * ``memory``: ~10,000 runs including ~100 kills (``memory.toml``, cap 10, lease timeout 1 s): supervisor
   RSS against runs completed.
 * ``fleet``: the simulator on ``fleet.toml``: 100 supervisors x cap 10, a million jobs, 3 h 15 min, a
@@ -92,13 +92,13 @@ def leases(results: Path, duration_s: float = 14, repeats: int = 2, leases=(1.0,
     return rows
 
 
-def ttl(results: Path, duration_s: float = 20, repeats: int = 2, ttls=(3.0, 6.0, 12.0)) -> list:
-    w = _with(wl.load(WL / "sweep.toml"), hang=0.0, crash=0.0)
+def ttl(results: Path, duration_s: float = 30, repeats: int = 2, ttls=(3.0, 6.0, 12.0)) -> list:
+    w = wl.load(WL / "ttl.toml")
     rows = []
     for rep in range(repeats):
         for t in ttls:
             rows.append({**runner.run_engine(w, cap=5, duration_s=duration_s, lease_timeout_s=5.0, lease_ttl_s=t,
-                                             backend="postgresql", supervisors=2, kill_one_at_s=duration_s / 3),
+                                             backend="postgresql", supervisors=2, kill_one_at_s=8.0),
                          "rep": rep})
             _log(rows[-1])
     save(results, "ttl", rows)
