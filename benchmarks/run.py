@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         results = Path(args.results or tempfile.mkdtemp(prefix="mjsched-quick-"))
         print(f"quick run; results in {results}", flush=True)
         sweep.compare(results, duration_s=15, raw_runs=500)
-        sweep.caps(results, duration_s=8, repeats=1, caps=(1, 5, 10), leases=(2.0,))
+        sweep.caps(results, duration_s=12, repeats=1, caps=(1, 5, 10), leases=(2.0,))
     else:
         results = Path(args.results or HERE / "results")
         for name in (args.only.split(",") if args.only else FULL):
