@@ -124,7 +124,8 @@ def write(results: Path) -> Path:
         ag = comp["agreement"]
         md += ["## Simulator vs real run", "",
                "The engine run above, and `simulator.py` on the same workload from the same first run, calibrated "
-               f"only with the run's measured supervisor CPU per run ({ag['real']['sup_cpu_ms_per_run']:.1f} ms); "
+               f"only with the run's measured supervisor CPU per run ({ag['real']['sup_cpu_ms_per_run']:.1f} ms) and "
+               f"slot respawn time ({ag.get('calibration_respawn_s', 0.5) * 1000:.0f} ms, kill to next claim); "
                "metrics over the same window, by the same code (`metrics.summarize`):", "",
                "| | real | simulated |", "|---|---|---|"]
         for key in ("runs", "runs_per_s", "skipped", "missed", "missed_healthy", "kills", "late_p50_ms", "late_p99_ms", "late_max_ms"):

@@ -131,18 +131,34 @@ def saturation(results: Path, duration_s: float = 20, cap: int = 10) -> dict:
 
 def agreement(real: dict, w: wl.Workload, cap: int, lease_timeout_s: float) -> dict:
     """Simulate the real run's workload from its first run to its stop, calibrated with its measured supervisor
-    CPU per run, and compute the same metrics over the same window. Returns {"real": ..., "sim": ...}."""
+    CPU per run and slot respawn time (:func:`respawn_s`), and compute the same metrics over the same window. Returns {"real": ..., "sim": ...}."""
     runs = real["_runs"]
     first = min(r["started_at"] for r in runs if r["started_at"])
     t0, t1 = first + 3.0, first + 3.0 + real["window_s"]
     half_ms = max(0.1, real["sup_cpu_ms_per_run"] / 2 - 1.0)
     cfg = simulator.SimConfig(cap=cap, lease_timeout_s=lease_timeout_s, start=first, horizon_s=t1 + 2 - first,
-                              claim_ms=half_ms, finish_ms=half_ms, stmt_ms=0.4, respawn_s=0.5)
+                              claim_ms=half_ms, finish_ms=half_ms, stmt_ms=0.4, respawn_s=respawn_s(runs))
     sim = simulator.Simulator(w, cfg)
     sim.run()
     sim_m = metrics.summarize(sim.runs, wl.job_specs(w), t0, t1, cap, t1 + 2)
     sim_m.update(skipped=sim.stats["skipped"], sup_cpu_ms_per_run=real["sup_cpu_ms_per_run"], decide_calls=sim.stats["decide_calls"])
-    return {"real": {k: v for k, v in real.items() if not k.startswith("_")}, "sim": sim_m, "calibration_claim_ms": half_ms}
+    return {"real": {k: v for k, v in real.items() if not k.startswith("_")}, "sim": sim_m, "calibration_claim_ms": half_ms,
+            "calibration_respawn_s": cfg.respawn_s}
+
+
+def respawn_s(runs: list[dict], default: float = 0.1) -> float:
+    """How long a killed run's slot stays empty, measured: the median gap between a hung job's Timeout and
+    its next start (a hung job is always overdue, so it is claimed as soon as a worker is back)."""
+    gaps = []
+    by_job: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["kind"] == "hang" and r["started_at"] is not None:
+            by_job.setdefault(r["job"], []).append(r)
+    for job_runs in by_job.values():
+        job_runs.sort(key=lambda r: r["started_at"])
+        gaps += [b["started_at"] - a["completed_at"] for a, b in zip(job_runs, job_runs[1:])
+                 if a["status"] == "Timeout" and a["completed_at"]]
+    return metrics.pct(gaps, 50) if gaps else default
 
 
 def compare(results: Path, duration_s: float = 60, cap: int = 5, lease_timeout_s: float = 5.0,
