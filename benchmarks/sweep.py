@@ -44,13 +44,15 @@ WL = HERE / "workloads"
 
 
 def save(results: Path, name: str, data) -> None:
-    """``data`` to ``<name>.json``; a list of flat dicts also to ``<name>.csv``."""
+    """``data`` to ``<name>.json``, and its flat fields to ``<name>.csv`` (one row per measurement)."""
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
-    if isinstance(data, list) and data:
-        keys = [k for k in data[0] if not isinstance(data[0][k], (list, dict))]
+    if isinstance(data, dict):  # one measurement, or compare's {"engine", "aps", "raw", ...}: its flat rows
+        data = [data["engine"], data["aps"], *data["raw"]] if "aps" in data else [data]
+    if data:
+        keys = list(dict.fromkeys(k for row in data for k in row if not isinstance(row[k], (list, dict))))
         with open(results / f"{name}.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+            writer = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore", restval="")
             writer.writeheader()
             writer.writerows(data)
 
