@@ -126,7 +126,7 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
         if not out.exists():
             raise RuntimeError("APScheduler child failed:\n" + (tmp / "aps.log").read_text()[-3000:])
         data = json.loads(out.read_text())
-        _kill_leftovers(proc.pid)
+        _kill_leftovers(list(sampler.first_seen))
         runs = data["runs"]
         first = min((r["started_at"] for r in runs if r["started_at"]), default=data["started"])
         t0, t1 = first + warmup_s, data["stopped"] - 1.0
@@ -145,14 +145,16 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
         ns.drop()
 
 
-def _kill_leftovers(pid: int) -> None:
-    """The pool processes (one hung) outlive the os._exit of their parent: kill exactly those."""
+def _kill_leftovers(pids) -> None:
+    """The pool processes (one hung) outlive the os._exit of their parent: kill exactly those, by the PIDs the
+    sampler saw as the APScheduler process's children (re-checked against their command line)."""
     import psutil
-    for proc in psutil.process_iter(["ppid", "cmdline"]):
+    for pid in pids:
         try:
-            if proc.info["ppid"] in (pid, 1) and any("apsched.py" in part for part in proc.info["cmdline"] or []):
+            proc = psutil.Process(pid)
+            if any("apsched.py" in part for part in proc.cmdline()):
                 proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
 
 
