@@ -1,0 +1,178 @@
+"""The same workload on APScheduler 3.x: BackgroundScheduler + ProcessPoolExecutor(cap) + SQLAlchemyJobStore
+(SQLite file or PostgreSQL schema), ``coalesce=True`` (like RunOnce), ``max_instances=1`` (like Skip),
+``misfire_grace_time=None`` (late runs still run, like the engine).
+
+    python benchmarks/apsched.py benchmarks/workloads/mixed.toml --cap 5 --duration-s 20 [--backend postgresql]
+
+:func:`run_aps` starts this file as a subprocess (so its CPU and memory are measured like a supervisor's,
+with psutil) and computes the same metrics as runner.py. The child writes its runs and log counts as JSON:
+a run's ``started_at`` is when APScheduler submitted it to the pool, ``exec_at`` when the function began,
+``scheduled_at`` the trigger's scheduled time. ``aps_max_instances_skips`` counts the log lines
+"Execution of job ... skipped: maximum number of running instances reached"; ``aps_log_sample`` keeps some.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import metrics  # noqa: E402
+import runner  # noqa: E402
+import workload as wl  # noqa: E402
+
+TRIGGERS = {"every_second": {"second": "*"}, "every_minute": {"second": "0"}, "hourly": {"minute": "0", "second": "0"}}
+
+
+class _Counter(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.skips, self.sample, self.other = 0, [], []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "maximum number of running instances reached" in msg:
+            self.skips += 1
+            if len(self.sample) < 3 or self.skips % 50 == 0:
+                self.sample.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {msg}")
+        elif len(self.other) < 10:
+            self.other.append(f"{record.levelname} {record.name}: {msg}")
+
+
+def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: str) -> None:
+    """Run APScheduler for ``duration_s`` and write {"runs": [...], "skips": n, ...} to ``out``."""
+    from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
+    from apscheduler.executors.pool import ProcessPoolExecutor
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.triggers.cron import CronTrigger
+
+    import aps_jobs
+    counter = _Counter()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("apscheduler").addHandler(counter)
+    w = wl.load(workload_path)
+    specs = wl.job_specs(w)
+    kinds = {s["name"]: s["kind"] for s in specs}
+    submitted: dict[tuple[str, float], float] = {}
+    runs: list[dict] = []
+    lock = threading.Lock()
+    missed = [0]
+
+    finished: dict[tuple[str, float], tuple[float | None, float, bool]] = {}
+
+    def on_event(event) -> None:  # called from APScheduler's threads; an execution may be reported first
+        now = time.time()
+        with lock:
+            if event.code == EVENT_JOB_SUBMITTED:
+                for when in event.scheduled_run_times:
+                    submitted.setdefault((event.job_id, when.timestamp()), now)
+            elif event.code == EVENT_JOB_MISSED:
+                missed[0] += 1
+            else:
+                ok = event.code == EVENT_JOB_EXECUTED
+                finished[(event.job_id, event.scheduled_run_time.timestamp())] = (event.retval if ok else None, now, ok)
+
+    scheduler = BackgroundScheduler(
+        jobstores={"default": SQLAlchemyJobStore(url=url)}, executors={"default": ProcessPoolExecutor(cap)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}, timezone="UTC")
+    scheduler.add_listener(on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+    for s in specs:
+        scheduler.add_job(aps_jobs.bench_job, CronTrigger(timezone="UTC", **TRIGGERS[s["cron_kind"]]), id=s["name"],
+                          name=s["name"], kwargs=s["configuration"], replace_existing=True)
+    started = time.time()
+    scheduler.start()
+    time.sleep(duration_s)
+    stopped = time.time()
+    with lock:  # submitted and never finished: still in flight (hung)
+        for key in sorted(set(submitted) | set(finished)):
+            exec_at, done_at, ok = finished.get(key, (None, None, None))
+            runs.append({"job": key[0], "kind": kinds.get(key[0], "?"), "scheduled_at": key[1],
+                         "started_at": submitted.get(key, exec_at or done_at), "exec_at": exec_at,
+                         "completed_at": done_at, "crashed": False, "instance": "aps",
+                         "status": "Running" if ok is None else "Completed" if ok else "Failed"})
+        data = {"runs": runs, "skips": counter.skips, "sample": counter.sample, "other": counter.other,
+                "missed_events": missed[0], "started": started, "stopped": stopped}
+    Path(out).write_text(json.dumps(data))
+    sys.stdout.flush()
+    os._exit(0)  # a hung pool process would block a graceful shutdown forever: that is the point
+
+
+def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite", warmup_s: float = 3.0) -> dict:
+    """Run APScheduler on the workload file in a subprocess; same metrics keys as ``runner.run_engine``
+    plus ``aps_max_instances_skips`` and ``aps_log_sample``."""
+    w = wl.load(w_path)
+    specs = wl.job_specs(w)
+    tmp = Path(tempfile.mkdtemp(prefix="aps-bench-"))
+    ns = runner.Namespace(backend, tmp)
+    try:
+        out = tmp / "aps.json"
+        proc = subprocess.Popen([sys.executable, str(Path(__file__)), w_path, "--cap", str(cap), "--duration-s",
+                                 str(duration_s), "--url", ns.url, "--child-out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=open(tmp / "aps.log", "wb"))
+        sampler = runner.Sampler([proc.pid])
+        while proc.poll() is None:
+            sampler.sample()
+            time.sleep(runner.SAMPLE_S)
+        if not out.exists():
+            raise RuntimeError("APScheduler child failed:\n" + (tmp / "aps.log").read_text()[-3000:])
+        data = json.loads(out.read_text())
+        _kill_leftovers(list(sampler.first_seen))
+        runs = data["runs"]
+        first = min((r["started_at"] for r in runs if r["started_at"]), default=data["started"])
+        t0, t1 = first + warmup_s, data["stopped"] - 1.0
+        result = metrics.summarize(runs, specs, t0, t1, cap, data["stopped"])
+        sup_cpu = sum(sampler.cpu_s.values())
+        result.update({
+            "engine": "apscheduler", "backend": backend, "workload": w.name, "jobs": w.jobs, "cap": cap,
+            "hang": w.faults.hang, "duration_s": duration_s, "window_s": t1 - t0, "skipped": data["skips"],
+            "aps_max_instances_skips": data["skips"], "aps_log_sample": data["sample"],
+            "aps_other_log": data["other"], "aps_missed_events": data["missed_events"],
+            "sup_cpu_s": sup_cpu, "sup_cpu_ms_per_run": 1000 * sup_cpu / max(1, len(runs)),
+            "sup_peak_rss_mb": max(sampler.peak_rss_mb.values()), "all_runs": len(runs),
+            "loadavg_1m": os.getloadavg()[0]})
+        return result
+    finally:
+        ns.drop()
+
+
+def _kill_leftovers(pids) -> None:
+    """The pool processes (one hung) outlive the os._exit of their parent: kill exactly those, by the PIDs the
+    sampler saw as the APScheduler process's children (re-checked against their command line)."""
+    import psutil
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if any("apsched.py" in part for part in proc.cmdline()):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workload")
+    ap.add_argument("--cap", type=int, default=5)
+    ap.add_argument("--duration-s", type=float, default=20.0)
+    ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
+    ap.add_argument("--url", help=argparse.SUPPRESS)        # child mode
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)  # child mode
+    args = ap.parse_args(argv)
+    if args.child_out:
+        child_main(args.workload, args.cap, args.duration_s, args.url, args.child_out)
+        return 0
+    print(json.dumps(run_aps(args.workload, cap=args.cap, duration_s=args.duration_s, backend=args.backend), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Pure logic of benchmarks/: workload parsing, metrics, the simulator. No timing is asserted here."""
+
+import sys
+import tomllib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import metrics  # noqa: E402
+import simulator  # noqa: E402
+import workload as wl  # noqa: E402
+
+from mjsched_isolated import planner  # noqa: E402
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text, field", [
+    ('jobs = "ten"', "jobs:"),
+    ("jobs = 0", "jobs:"),
+    ('[runtime]\nmean_ms = "x"', "runtime.mean_ms:"),
+    ('[runtime]\ndistribution = "normal"', "runtime.distribution:"),
+    ("[runtime]\nspeed = 1", "runtime.speed:"),
+    ("[faults]\nhang = 1.5", "faults.hang:"),
+    ("[faults]\nhang = 0.6\ncrash = 0.6", "faults:"),
+    ("[cron_mix]\nevery_second = 0.0", "cron_mix:"),
+    ('concurrency_mode = "Sometimes"', "concurrency_mode:"),
+])
+def test_workload_errors_name_the_field(text, field):
+    with pytest.raises(wl.WorkloadError) as info:
+        wl.parse(tomllib.loads(text))
+    assert str(info.value).startswith(field)
+
+
+@pytest.mark.timeout(10)
+def test_shipped_workloads_load_and_apportion():
+    for path in (Path(__file__).resolve().parent.parent / "benchmarks" / "workloads").glob("*.toml"):
+        wl.load(path)
+    w = wl.load(Path(__file__).resolve().parent.parent / "benchmarks" / "workloads" / "mixed.toml")
+    specs = wl.job_specs(w)
+    assert len(specs) == 20 and [s["kind"] for s in specs].count("hang") == 2
+    assert [s["cron_kind"] for s in specs].count("every_second") == 18
+    assert specs == wl.job_specs(w)  # seeded
+
+
+@pytest.mark.timeout(10)
+def test_metrics_on_hand_made_runs():
+    specs = [{"name": "a", "kind": "ok", "cron_expression": "* * * * * *"},
+             {"name": "h", "kind": "hang", "cron_expression": "* * * * * *"}]
+    t0 = 1_800_000_000.0
+    runs = [{"job": "a", "scheduled_at": t0 + i, "started_at": t0 + i + 0.01 * (i + 1), "exec_at": None,
+             "completed_at": t0 + i + 0.5, "status": "Completed", "crashed": False, "instance": "s"} for i in range(4)]
+    runs.append({"job": "h", "scheduled_at": t0, "started_at": t0, "exec_at": None, "completed_at": t0 + 3,
+                 "status": "Timeout", "crashed": False, "instance": "s"})
+    m = metrics.summarize(runs, specs, t0, t0 + 4, cap=1, end=t0 + 5)
+    assert m["runs"] == 5 and m["expected"] == 8
+    assert m["missed"] == 3 and m["missed_healthy"] == 0  # the hung job ran once out of 4
+    assert m["late_max_ms"] == pytest.approx(40, abs=1e-3) and m["kills"] == 1
+    assert m["starve_total_s"] == pytest.approx(3.0)  # cap 1, held by the hung run for 3 s
+    assert metrics.pct([1, 2, 3, 4], 50) == 2 and metrics.pct([], 99) is None
+    assert metrics.busy_stretches([(0, 2), (1, 3)], 2, 0, 10) == [1]
+
+
+def _small(**over):
+    w = wl.parse({"name": "t", "jobs": 12, "cron_mix": {"every_second": 0.8, "every_minute": 0.2},
+                  "runtime": {"distribution": "uniform", "min_ms": 10, "max_ms": 400},
+                  "faults": {"hang": 0.17, "crash": 0.09}})
+    return msgspec.structs.replace(w, **over)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("mode, policy", [("Skip", "RunOnce"), ("Queue", "RunOnce"), ("Concurrent", "Skip")])
+def test_simulator_is_deterministic_and_fast_path_matches_planner_decide(mode, policy):
+    w = _small(concurrency_mode=mode, missed_run_policy=policy)
+    cfg = dict(cap=2, lease_timeout_s=2.0, horizon_s=40.0, supervisors=2, lose_every_s=20.0, lease_ttl_s=3.0, renew_s=1.0)
+    runs = []
+    for exact in (False, False, True):
+        sim = simulator.Simulator(w, simulator.SimConfig(exact=exact, **cfg))
+        sim.run()
+        runs.append([(r["job"], r["scheduled_at"], r["started_at"], r["status"]) for r in sim.runs])
+    assert runs[0] and runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.timeout(10)
+def test_simulator_calls_the_engines_planner(monkeypatch):
+    calls = {"decide_missed_run": 0, "run_timeout_s": 0, "decide": 0}
+    for name in calls:
+        real = getattr(planner, name)
+
+        def counting(*a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(*a, **k)
+        monkeypatch.setattr(planner, name, counting)
+    sim = simulator.Simulator(_small(), simulator.SimConfig(cap=2, lease_timeout_s=2.0, horizon_s=10.0))
+    sim.run()
+    assert calls["run_timeout_s"] >= 1 and calls["decide_missed_run"] == sim.stats["decide_calls"] > 0
+    simulator.Simulator(_small(), simulator.SimConfig(cap=2, horizon_s=5.0, exact=True)).run()
+    assert calls["decide"] > 0
