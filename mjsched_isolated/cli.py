@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
+    except BrokenPipeError:  # `mjsched status | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except (InputError, NotFoundError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
