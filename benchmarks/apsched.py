@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -110,7 +111,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
 def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite", warmup_s: float = 3.0) -> dict:
     """Run APScheduler on the workload file in a subprocess; same metrics keys as ``runner.run_engine``
     plus ``aps_max_instances_skips`` and ``aps_log_sample``."""
-    w = wl.load(w_path)
+    w = wl.load_or_exit(w_path)
     specs = wl.job_specs(w)
     tmp = Path(tempfile.mkdtemp(prefix="aps-bench-"))
     ns = runner.Namespace(backend, tmp)
@@ -140,6 +141,7 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
             "sup_cpu_s": sup_cpu, "sup_cpu_ms_per_run": 1000 * sup_cpu / max(1, len(runs)),
             "sup_peak_rss_mb": max(sampler.peak_rss_mb.values()), "all_runs": len(runs),
             "loadavg_1m": os.getloadavg()[0]})
+        shutil.rmtree(tmp, ignore_errors=True)  # kept only when something failed (its log tells why)
         return result
     finally:
         ns.drop()

@@ -115,6 +115,9 @@ class Sampler:
             self.series.append((now, pid, rss, self.cpu_s[pid]))
 
 
+MIN_DURATION_S = 8.0  # warm-up (3 s) + tail (1 s) + a window of at least 4 s
+
+
 def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: float = 600.0,
                lease_ttl_s: float = 30.0, renew_s: float | None = None, backend: str = "sqlite",
                supervisors: int = 1, warmup_s: float = 3.0, kill_one_at_s: float | None = None,
@@ -160,6 +163,9 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
             raise RuntimeError(f"no runs recorded; see {tmp}/serve-0.log:\n" + (tmp / "serve-0.log").read_text()[-2000:])
         first = min(r["started_at"] for r in runs if r["started_at"])
         t0, t1 = first + warmup_s, launched + duration_s - 1.0
+        if t1 <= t0:
+            raise RuntimeError(f"nothing to measure: the window after the {warmup_s:g} s warm-up is empty "
+                               f"({t1 - t0:.2f} s); run longer than {duration_s:g} s")
         result = metrics.summarize(runs, specs, t0, t1, cap, stopped)
         sup_cpu = sum(sampler.cpu_s.values())
         result.update({
@@ -178,12 +184,16 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
         if keep_runs:
             result["_runs"], result["_series"] = runs, sampler.series
         return result
+    except BaseException:
+        log_dir = log_dir or tmp  # keep the logs an error message points to
+        raise
     finally:
         for p in locals().get("procs", []):
             if p.poll() is None:
                 p.kill()
         ns.drop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if log_dir != tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _recovery(runs: list[dict], sampler: Sampler, dead_pid: int, killed_at: float) -> dict:
@@ -216,9 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-one-at-s", type=float)
     ap.add_argument("--out", help="write <out>.json and <out>-runs.csv")
     args = ap.parse_args(argv)
-    w = wl.load(args.workload)
+    if args.duration_s < MIN_DURATION_S:
+        ap.error(f"--duration-s: must be at least {MIN_DURATION_S:g} s (3 s warm-up and a 1 s tail are not measured)")
+    w = wl.load_or_exit(args.workload)
     if args.hang is not None:
-        w = msgspec.structs.replace(w, faults=msgspec.structs.replace(w.faults, hang=args.hang))
+        try:
+            w = wl.check(msgspec.structs.replace(w, faults=msgspec.structs.replace(w.faults, hang=args.hang)))
+        except wl.WorkloadError as exc:
+            ap.error(f"--hang: {exc}")
     result = run_engine(w, cap=args.cap, duration_s=args.duration_s, lease_timeout_s=args.lease_timeout_s,
                         lease_ttl_s=args.lease_ttl_s, renew_s=args.renew_s, backend=args.backend,
                         supervisors=args.supervisors, kill_one_at_s=args.kill_one_at_s, keep_runs=bool(args.out))

@@ -330,11 +330,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db-slow", help="FROM_S:TO_S:FACTOR, e.g. 3600:4800:3")
     ap.add_argument("--exact", action="store_true", help="call planner.decide per claim (slow, for checking)")
     args = ap.parse_args(argv)
-    w = wl.load(args.workload)
-    if args.jobs:
-        w = msgspec.structs.replace(w, jobs=args.jobs)
-    if args.max_jitter_s is not None:
-        w = msgspec.structs.replace(w, max_jitter_s=args.max_jitter_s)
+    for flag in ("supervisors", "cap"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag}: must be at least 1, got {getattr(args, flag)}")
+    if not args.horizon_s > 0:
+        ap.error(f"--horizon-s: must be positive, got {args.horizon_s}")
+    w = wl.load_or_exit(args.workload)
+    try:
+        if args.jobs is not None:
+            w = wl.check(msgspec.structs.replace(w, jobs=args.jobs))
+        if args.max_jitter_s is not None:
+            if args.max_jitter_s < 0:
+                raise wl.WorkloadError(f"must be >= 0, got {args.max_jitter_s}")
+            w = wl.check(msgspec.structs.replace(w, max_jitter_s=args.max_jitter_s))
+    except wl.WorkloadError as exc:
+        ap.error(f"--jobs/--max-jitter-s: {exc}")
     cfg = SimConfig(supervisors=args.supervisors, cap=args.cap, horizon_s=args.horizon_s,
                     lease_timeout_s=args.lease_timeout_s, lease_ttl_s=args.lease_ttl_s, renew_s=args.lease_ttl_s / 3,
                     lose_every_s=args.lose_every_s, lose_first_s=args.lose_first_s, exact=args.exact, keep_runs=False,

@@ -207,16 +207,21 @@ def fleet(results: Path, horizon_s: float = 11700, jobs: int | None = None, supe
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("experiment", choices=("caps", "leases", "ttl", "memory", "compare", "fleet", "saturation"))
-    ap.add_argument("--results", default=str(HERE / "results"))
-    ap.add_argument("--duration-s", type=float)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--results", default="bench-results",
+                    help="where JSON/CSV go (default ./bench-results; `run.py --full` writes benchmarks/results)")
+    ap.add_argument("--duration-s", type=float, help="seconds per point (not for fleet, a simulation)")
+    ap.add_argument("--repeats", type=int, help="repetitions per point (caps, leases, ttl only; default 2)")
     args = ap.parse_args(argv)
+    if args.experiment == "fleet" and args.duration_s is not None:
+        ap.error("--duration-s: fleet is a simulation of fixed length; it takes no duration")
+    if args.repeats is not None and args.experiment not in ("caps", "leases", "ttl"):
+        ap.error(f"--repeats: only caps, leases and ttl repeat their points, not {args.experiment}")
+    if args.duration_s is not None and args.duration_s < runner.MIN_DURATION_S:
+        ap.error(f"--duration-s: must be at least {runner.MIN_DURATION_S:g} s")
     kw = {} if args.duration_s is None else {"duration_s": args.duration_s}
-    if args.experiment in ("caps", "leases", "ttl"):
+    if args.repeats is not None:
         kw["repeats"] = args.repeats
     fn = globals()[args.experiment]
-    if args.experiment == "fleet":
-        kw = {}
     fn(Path(args.results), **kw)
     return 0
 

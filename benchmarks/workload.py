@@ -99,7 +99,9 @@ def _check(w: Workload) -> Workload:
         raise bad("runtime.max_ms", f"must be >= runtime.min_ms ({w.runtime.min_ms}), got {w.runtime.max_ms}")
     for key in (*KINDS, "leak_mb"):
         value = getattr(w.faults, key)
-        if value < 0 or (key != "leak_mb" and value > 1):
+        if key == "leak_mb" and value < 0:
+            raise bad("faults.leak_mb", f"must be >= 0 MiB, got {value}")
+        if key != "leak_mb" and not 0 <= value <= 1:
             raise bad(f"faults.{key}", f"must be a share between 0 and 1, got {value}")
     if w.faults.hang + w.faults.crash + w.faults.leak > 1:
         raise bad("faults", "hang + crash + leak must be <= 1")
@@ -117,6 +119,19 @@ def parse(data: dict) -> Workload:
         if unknown:
             field = f"{field + '.' if match and field else ''}{unknown.group(1)}"
         raise WorkloadError(f"{field}: {str(exc).split(' - at ')[0]}") from None
+
+
+def check(w: Workload) -> Workload:
+    """Validate a workload changed after loading (a command-line override). Raises :class:`WorkloadError`."""
+    return _check(w)
+
+
+def load_or_exit(path: str | Path) -> Workload:
+    """:func:`load` for the scripts: a bad workload prints one line naming the field and exits 2."""
+    try:
+        return load(path)
+    except (WorkloadError, OSError) as exc:
+        raise SystemExit(f"error: {exc}") from None  # SystemExit with a message exits with status 1
 
 
 def load(path: str | Path) -> Workload:
