@@ -26,6 +26,7 @@ from .config import EmailChannel, Notifications, WebhookChannel
 
 log = logging.getLogger("mjsched.notifications")
 SIGNATURE_HEADER = "X-Mjsched-Signature"
+DELIVERY_HEADER = "X-Mjsched-Delivery"
 _X_PRIORITY = {"High": "1 (Highest)", "Normal": "3 (Normal)", "Low": "5 (Lowest)"}
 
 
@@ -89,7 +90,7 @@ class SmtpChannel:
         self.timeout_s = config.timeout_s
 
     def message(self, row: dict[str, Any]) -> EmailMessage:
-        recipients = _json_field(row.get("recipients")) or list(self.config.recipients)
+        recipients = list(dict.fromkeys(_json_field(row.get("recipients")) or self.config.recipients))
         if not recipients:
             raise DeliveryError("no recipients: set notifications.email.recipients or the job's notify_recipients",
                                 permanent=True)
@@ -98,7 +99,10 @@ class SmtpChannel:
         msg["From"] = self.config.sender
         msg["To"] = ", ".join(recipients)
         msg["Date"] = formatdate(localtime=False)
-        msg["Message-ID"] = make_msgid(domain="mjsched")
+        # one Message-ID per notice, the same on every attempt: delivery is at-least-once (a retry after a
+        # lost reply, a claim that expired mid-delivery), and mail clients and servers drop the duplicate
+        domain = self.config.sender.rpartition("@")[2] or "mjsched"
+        msg["Message-ID"] = f"<mjsched-notification-{row['id']}@{domain}>" if row.get("id") else make_msgid(domain=domain)
         msg["X-Priority"] = _X_PRIORITY.get(row["priority"], "3 (Normal)")
         msg["X-Mjsched-Event"] = row["event"]
         body = row["body"]
@@ -134,7 +138,8 @@ class SmtpChannel:
 
 
 class WebhookPost:
-    """An HTTP POST of the notice as JSON (``[notifications.webhook]``). Fields: ``event``, ``job``,
+    """An HTTP POST of the notice as JSON (``[notifications.webhook]``). Fields: ``id`` (the notification's,
+    also in header ``X-Mjsched-Delivery``: the same on every attempt, for at-least-once delivery), ``event``, ``job``,
     ``run_id``, ``subject``, ``body``, ``priority``, ``details``, ``created_at`` (ISO-8601 UTC). With a
     ``secret``, header ``X-Mjsched-Signature: sha256=<hex HMAC-SHA256 of the raw body>`` (GitHub's
     webhook convention). Any 2xx is success; anything else, or no answer within ``timeout_s``, fails."""
@@ -153,14 +158,15 @@ class WebhookPost:
 
     def payload(self, row: dict[str, Any]) -> bytes:
         return json.dumps({
-            "event": row["event"], "job": row["job_name"], "run_id": row["run_id"], "subject": row["subject"],
+            "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"], "subject": row["subject"],
             "body": row["body"], "priority": row["priority"], "details": _json_field(row.get("details")),
             "created_at": _iso(row.get("created_at")),
         }, sort_keys=True).encode("utf-8")
 
     def deliver(self, row: dict[str, Any]) -> None:
         body = self.payload(row)
-        headers = {"Content-Type": "application/json", "User-Agent": "mjsched-notifier"}
+        headers = {"Content-Type": "application/json", "User-Agent": "mjsched-notifier",
+                   DELIVERY_HEADER: str(row.get("id"))}  # the same on every attempt: receivers drop duplicates
         if self.config.secret:
             digest = hmac.new(self.config.secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
             headers[SIGNATURE_HEADER] = f"sha256={digest}"

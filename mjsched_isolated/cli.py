@@ -21,6 +21,7 @@ import msgspec
 import sqlalchemy as sa
 
 from . import cron, jobspec, logs
+from . import metrics as metrics_mod
 from .config import Settings, load_settings, redact_url
 from .errors import InputError, MjschedError, NotFoundError
 from .errors import first_line as _short
@@ -269,7 +270,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     jobs_file = settings.jobs_file
     if jobs_file is None and Path(settings.plugins_dir, "jobs.toml").is_file():
         jobs_file = str(Path(settings.plugins_dir, "jobs.toml"))
-    store = open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
+    metrics = metrics_mod.for_settings(settings)
+    metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
+    try:
+        store = open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
+    except BaseException:
+        metrics.stop_server()
+        raise
     try:
         if jobs_file:
             sync_jobs(store, settings.plugins_dir, jobs_file)
@@ -278,8 +285,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_tasks_per_child=settings.recycling.max_tasks_per_child,
                     max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
                     log_format=settings.log_format)
-        return Supervisor(settings, store, pool).serve(run_for_s=args.run_for)
+        return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
     finally:
+        metrics.stop_server()  # also when the jobs file or the pool failed before serve() began
         store.close()
 
 
@@ -631,7 +639,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         before, after = migrate.upgrade(engine)
     finally:
         engine.dispose()
-    if before.current == after.current:
+    if before.state == "legacy" and before.current == after.current:
+        print(f"database schema stamped at {after.current} (head): its tables already matched")
+    elif before.current == after.current:
         print(f"database schema already at {after.current} (head): nothing to do")
     else:
         print(f"database schema upgraded: {before.current or 'none'} -> {after.current}")

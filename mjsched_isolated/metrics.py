@@ -168,7 +168,9 @@ class PrometheusMetrics(Metrics):
     # -- HTTP --------------------------------------------------------------------------------------
     def start_server(self) -> None:
         """Bind and serve on a daemon thread; logs the URL. Raises :class:`InputError` (``metrics.port``)
-        if the address cannot be bound."""
+        if the address cannot be bound. A second call does nothing (``serve`` binds before it writes)."""
+        if self._server is not None:
+            return
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):

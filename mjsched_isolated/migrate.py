@@ -69,6 +69,9 @@ class SchemaStatus(msgspec.Struct, frozen=True):
                     f"needs {self.head}): the database was upgraded by a newer mjsched_isolated; run that version")
         if self.state == "current":
             return f"database schema is at revision {self.current} (head): up to date"
+        if self.state == "legacy" and self.current == self.head:
+            return (f"database schema has no version stamp (made before migrations; its tables match revision "
+                    f"{self.current}, what this version needs): {UPGRADE_HINT} to stamp it")
         return (f"database schema is at revision {self.current or 'none (empty database)'}, this version "
                 f"needs {self.head}: {UPGRADE_HINT}")
 
@@ -207,7 +210,8 @@ def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatu
                 command.upgrade(cfg, "head")
             # creating the schema of a new database is routine (DEBUG); changing an existing one is news
             log.log(logging.DEBUG if before.state == "empty" else logging.INFO,
-                    "database schema upgraded from %s to %s", before.current or "none", before.head)
+                    "database schema %s %s", "stamped at" if before.current == before.head else "upgraded from",
+                    before.head if before.current == before.head else f"{before.current or 'none'} to {before.head}")
         after = _status(conn)
     return before, after
 

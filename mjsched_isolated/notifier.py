@@ -1,7 +1,9 @@
-"""The notification sender: a daemon thread that delivers the durable outbox (``notifications`` table).
+"""The notification sender: daemon threads that deliver the durable outbox (``notifications`` table).
 
-Off the poll loop: it has its own connections (from the store's engine) and its own thread, so a slow or
-failing channel never delays dispatch nor changes a recorded run. Per due Pending row, oldest first:
+Off the poll loop: one thread per configured channel, with its own connections (from the store's engine),
+so a slow or failing channel never delays dispatch, another channel, nor changes a recorded run. A row
+whose channel is not configured on this supervisor is never claimed here: it waits, Pending, for a
+supervisor that has that channel. Per due Pending row of its channel, oldest first:
 
 1. claim it (:meth:`Store.claim_notification`: one conditional UPDATE judged by its row count; the claim
    is a lease until DB-now + ``claim_lease_s``, so several supervisors never send one row twice, and a
@@ -12,8 +14,11 @@ failing channel never delays dispatch nor changes a recorded run. Per due Pendin
    ``max_attempts`` attempts (or at once for a permanent error such as no recipients).
 
 Rows are claimed one at a time, just before delivery, so stopping leaves every undelivered row Pending and
-unclaimed (save the one in flight). A restarted supervisor picks them up. Peers: Celery's retry with
-exponential backoff and jitter; the transactional-outbox pattern.
+unclaimed (save the one in flight). A restarted supervisor picks them up. Delivery is at-least-once: a
+sender killed between delivering and marking Sent, or a delivery that outlasts its claim, sends the notice
+again, with the same id (webhook ``X-Mjsched-Delivery`` header and ``id`` field, email ``Message-ID``) so
+the receiver can drop the duplicate. Peers: Celery's retry with exponential backoff and jitter; the
+transactional-outbox pattern; GitHub's webhook delivery ids.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import Callable
 
 from . import channels as channels_mod
@@ -46,7 +52,7 @@ class Notifier:
     ``instance``: this sender's name in ``claimed_by``. ``poll_interval_s``: how often it looks for due
     rows when not woken (:meth:`wake` is called after a notice is written). ``on_delivery_failure(channel)``:
     called after every failed delivery attempt (e.g. to count it); its exceptions are logged and ignored.
-    A row whose channel is not configured here is left to a supervisor that has it.
+    A row whose channel is not configured here is never claimed: it is left to a supervisor that has it.
     """
 
     def __init__(self, store: Store, config: Notifications, instance: str, *, poll_interval_s: float = 1.0,
@@ -62,53 +68,63 @@ class Notifier:
         # a claim must outlive a delivery: SMTP makes a few round trips, each bounded by timeout_s
         self.claim_lease_s = 30.0 + 6 * max([c.timeout_s for c in self.channels.values()] or [0.0])
         self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._wakes = {name: threading.Event() for name in self.channels}
+        self._threads: list[threading.Thread] = []
         self.delivered = 0
 
     def start(self) -> "Notifier":
-        if self.channels and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="mjsched-notifier", daemon=True)
-            self._thread.start()
+        """One daemon thread per configured channel (none when no channel is configured)."""
+        if not self._threads:
+            for name in self.channels:
+                thread = threading.Thread(target=self._loop, args=(name,), name=f"mjsched-notifier-{name}",
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            if self._threads:
+                log.info("notification sender started: channels %s", ", ".join(self.channels))
         return self
 
     def wake(self) -> None:
         """Look for due rows now (called after a notice was written)."""
-        self._wake.set()
+        for event in self._wakes.values():
+            event.set()
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        """Stop after the delivery in flight (if any), waiting at most ``timeout_s``. Undelivered rows stay
-        Pending. True if the thread ended in time (it is a daemon either way)."""
+        """Stop after the deliveries in flight (if any), waiting at most ``timeout_s`` in all. Undelivered
+        rows stay Pending. True if every thread ended in time (they are daemons either way)."""
         self._stop.set()
-        self._wake.set()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        self.wake()
+        give_up = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, give_up - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
-    def _loop(self) -> None:
-        log.info("notification sender started: channels %s", ", ".join(self.channels))
+    def _loop(self, channel: str) -> None:
+        wake = self._wakes[channel]
         while not self._stop.is_set():
             try:
-                busy = self.run_once()
+                busy = self.run_once(channel)
             except Exception as exc:  # noqa: BLE001 - a database outage: retried at the next poll
-                log.warning("notification sender: %s; retrying in %.1f s", first_line(exc), self.poll_interval_s)
+                log.warning("notification sender (%s): %s; retrying in %.1f s", channel, first_line(exc),
+                            self.poll_interval_s)
                 busy = False
             if not busy:
-                self._wake.wait(self.poll_interval_s)
-                self._wake.clear()
+                wake.wait(self.poll_interval_s)
+                wake.clear()
 
-    def run_once(self) -> bool:
-        """Deliver what is due now (up to ``batch_size`` rows). True if it claimed at least one row."""
+    def run_once(self, channel: str | None = None) -> bool:
+        """Deliver what is due now on ``channel`` (every configured channel in turn if None), up to
+        ``batch_size`` rows each. True if it claimed at least one row."""
         claimed = False
-        for notification_id in self.store.due_notification_ids(self.batch_size):
-            if self._stop.is_set():
-                break
-            row = self.store.claim_notification(notification_id, self.instance, self.claim_lease_s)
-            if row is None:
-                continue  # another sender won it, or it is no longer due
-            claimed = True
-            self.deliver(row)
+        for name in [channel] if channel is not None else list(self.channels):
+            for notification_id in self.store.due_notification_ids(self.batch_size, channel=name):
+                if self._stop.is_set():
+                    return claimed
+                row = self.store.claim_notification(notification_id, self.instance, self.claim_lease_s)
+                if row is None:
+                    continue  # another sender won it, or it is no longer due
+                claimed = True
+                self.deliver(row)
         return claimed
 
     def deliver(self, row: dict) -> None:

@@ -263,8 +263,8 @@ class Store:
         touches nothing else."""
         with self.engine.begin() as conn:
             done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "Running").values(
-                status=status, success=success, error_message=error_message, completed_at=schema.db_now(self.dialect),
-                details=None if details is None else json.dumps(details), duration_ms=duration_ms,
+                status=status, success=success, error_message=_fit_text(error_message),
+                completed_at=schema.db_now(self.dialect), details=_fit_json(details), duration_ms=duration_ms,
             )).rowcount == 1
             if not done:
                 return False
@@ -328,17 +328,21 @@ class Store:
         """Insert outbox rows (Pending, due now by the DB clock) on ``conn``, inside the caller's transaction."""
         now_expr = schema.db_now(self.dialect)
         for row in rows:
+            row = {**row, "subject": _fit_text(row["subject"], MAX_SUBJECT_BYTES), "body": _fit_text(row["body"]),
+                   "details": _fit_text(row.get("details")), "recipients": _fit_text(row.get("recipients"))}
             conn.execute(notifications.insert().values(**row, status="Pending", attempts=0, created_at=now_expr,
                                                        next_attempt_at=now_expr))
 
-    def due_notification_ids(self, limit: int) -> list[int]:
-        """Ids of Pending notifications due by the DB clock and not claimed (or whose claim expired),
-        oldest first (an index range on ``(status, next_attempt_at)``)."""
+    def due_notification_ids(self, limit: int, channel: str | None = None) -> list[int]:
+        """Ids of Pending notifications (of ``channel``, if given) due by the DB clock and not claimed (or
+        whose claim expired), oldest first (an index range on ``(status, next_attempt_at)``)."""
         now_expr = schema.db_now(self.dialect)
         query = (sa.select(notifications.c.id)
                  .where(notifications.c.status == "Pending", notifications.c.next_attempt_at <= now_expr,
                         sa.or_(notifications.c.claimed_until.is_(None), notifications.c.claimed_until < now_expr))
                  .order_by(notifications.c.next_attempt_at, notifications.c.id).limit(limit))
+        if channel is not None:
+            query = query.where(notifications.c.channel == channel)
         with self.engine.connect() as conn:
             return list(conn.execute(query).scalars())
 
@@ -589,6 +593,32 @@ class Store:
             if len(ids) < batch_size:
                 break
         return deleted
+
+
+# the smallest TEXT of our databases (MySQL/MariaDB: 65,535 bytes), with room to spare
+MAX_TEXT_BYTES = 60_000
+MAX_SUBJECT_BYTES = 1_000
+
+
+def _fit_text(value: str | None, max_bytes: int = MAX_TEXT_BYTES) -> str | None:
+    """``value`` cut to at most ``max_bytes`` of UTF-8 (on a character boundary), marked when cut."""
+    if value is None or len(value) * 4 <= max_bytes:
+        return value
+    encoded = value.encode("utf-8", errors="replace")
+    if len(encoded) <= max_bytes:
+        return value
+    mark = f" [... cut: {len(encoded)} bytes in all]"
+    return encoded[:max_bytes - len(mark.encode()) - 8].decode("utf-8", errors="ignore") + mark
+
+
+def _fit_json(details: dict | None, max_bytes: int = MAX_TEXT_BYTES) -> str | None:
+    """``details`` as JSON text of at most ``max_bytes``; larger ones become a preview object."""
+    if details is None:
+        return None
+    text = json.dumps(details)
+    if len(text.encode("utf-8")) <= max_bytes:
+        return text
+    return json.dumps({"truncated": True, "size_bytes": len(text.encode("utf-8")), "preview": text[:2000]})
 
 
 def is_permanent_error(exc: BaseException) -> bool:

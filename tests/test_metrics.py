@@ -11,6 +11,7 @@ import json
 import signal
 import socket
 import subprocess
+from pathlib import Path
 import sys
 import threading
 
@@ -215,7 +216,9 @@ def test_a_metrics_port_that_cannot_be_bound_is_bad_input(db_url):
         done = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins",
                                FIXTURE_PLUGINS, "--metrics-port", str(port)], capture_output=True, text=True, timeout=25)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("error: metrics.port: cannot listen on 127.0.0.1:")
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
+    assert done.stderr.startswith("error: metrics.port: cannot listen on 127.0.0.1:")
+    assert not Path(db_url.removeprefix("sqlite:///")).exists()  # refused before anything was written
     done = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins",
                            FIXTURE_PLUGINS, "--metrics-port", "70000"], capture_output=True, text=True, timeout=25)
     assert done.returncode == 2 and "metrics.port" in done.stderr

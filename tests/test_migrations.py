@@ -197,6 +197,7 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
     try:
         fill(engine)
         assert migrate.check(engine) == migrate.SchemaStatus("0002", HEAD, "legacy")
+        assert "no version stamp" in migrate.check(engine).message() and "db upgrade" in migrate.check(engine).message()
         was, now = migrate.upgrade(engine)
         assert (was.current, now.current, now.state) == ("0002", HEAD, "current")
         store = Store.open(backend_url)

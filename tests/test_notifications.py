@@ -181,7 +181,8 @@ def test_webhook_posts_signed_json_and_keeps_secrets_out_of_errors():
         expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         assert headers["X-Mjsched-Signature"] == expected
         assert headers["Content-Type"] == "application/json"
-        assert json.loads(body) == {"event": "Failure", "job": "nightly", "run_id": 42, "subject": "nightly failed",
+        assert headers["X-Mjsched-Delivery"] == str(ROW["id"])  # the same on every attempt: receivers dedupe
+        assert json.loads(body) == {"id": ROW["id"], "event": "Failure", "job": "nightly", "run_id": 42, "subject": "nightly failed",
                                     "body": "Run 42 failed: disk full", "priority": "High",
                                     "details": {"status": "Failed"}, "created_at": "2026-01-02T03:04:05Z"}
         WebhookPost(WebhookChannel(url=server.url)).deliver(ROW)
@@ -469,3 +470,62 @@ def test_a_result_the_database_refuses_is_recorded_without_the_plugin_text(tmp_p
         assert run["error_message"].startswith("result refused by the database") and "ended Failed" in run["error_message"]
         assert not [r for r in store.list_notifications() if r["job_name"] == "refused"]
         store.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_black_holed_webhook_holds_up_no_other_channel_and_foreign_channels_wait(store: Store):
+    """Each channel has its own sender thread: a webhook that accepts and never answers costs its own rows
+    their timeout, while log notices go out at once; a row for a channel this supervisor lacks (email) is
+    never claimed here, so it waits, untouched, for a supervisor that has it."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # accepts (the kernel does) and never answers
+    try:
+        now = store.db_now()
+        job = add_job(store, "j", "ok", "0 0 1 1 *", now=now)
+        rows = [r for i in range(5) for r in _notice_rows({**job}, i, channels=("webhook", "log", "email"))]
+        assert store.set_next_run_at(job["id"], job["next_run_at"], None, now, notices=rows)
+        config = Notifications(webhook=WebhookChannel(url=f"http://127.0.0.1:{hole.getsockname()[1]}/x", timeout_s=3))
+        sender = Notifier(store, config, "s", poll_interval_s=0.05).start()
+        try:
+            wait_until(lambda: len([r for r in store.list_notifications(status="Sent") if r["channel"] == "log"]) == 5,
+                       2.5, "every log notice sent while the first webhook delivery still waits")
+            by_channel = collections.defaultdict(list)
+            for r in store.list_notifications():
+                by_channel[r["channel"]].append(r)
+            assert not any(r["status"] == "Sent" for r in by_channel["webhook"])
+            assert all(r["status"] == "Pending" and r["attempts"] == 0 and r["claimed_by"] is None
+                       for r in by_channel["email"])
+        finally:
+            sender.stop(0.1)
+    finally:
+        hole.close()
+
+
+def test_email_and_webhook_carry_the_notice_id_on_every_attempt():
+    channel = SmtpChannel(EmailChannel(host="127.0.0.1", sender="sched@example.org", recipients=["a@x.org", "a@x.org"]))
+    first, again = channel.message(ROW), channel.message(ROW)
+    assert first["Message-ID"] == again["Message-ID"] == "<mjsched-notification-1@example.org>"
+    assert first["To"] == "a@x.org"  # duplicates in a recipients list are sent once
+
+
+@pytest.mark.timeout(60)
+def test_long_texts_fit_every_database_and_the_failure_notice_survives(any_store: Store):
+    """MariaDB's TEXT holds 65,535 bytes: an 80 KB body of two-byte characters, a 200 KB error message and
+    big details are cut to fit, on every database, and the run and its notice are both recorded."""
+    store = any_store
+    now = store.db_now()
+    job = add_job(store, "wordy", "fail", "0 0 1 1 *", now=now)
+    claim = store.claim(job, now=now, next_run_at=now + dt.timedelta(hours=1), instance="me", lease_s=60,
+                        deadline_at=now + dt.timedelta(minutes=1), take_lease=True, scheduled_at=job["next_run_at"])
+    body = "é" * 40_000
+    rows = notices.outbox_rows(notices.Notice(event="Failure", job_id=job["id"], job_name="wordy", run_id=claim.run_id,
+                                              subject="s" * 5000, body=body, priority="High"), ("log",))
+    assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Failed", success=False,
+                            error_message="x" * 200_000, details={"blob": "ü" * 50_000}, duration_ms=1.0, notices=rows)
+    run = store.get_run(claim.run_id)
+    assert run["status"] == "Failed" and run["error_message"].startswith("x" * 1000) and "cut: 200000 bytes" in run["error_message"]
+    assert run["details"]["truncated"] is True
+    (note,) = store.list_notifications()
+    assert note["body"].startswith("é" * 1000) and len(note["body"].encode()) <= 60_000
+    assert len(note["subject"].encode()) <= 1_000
