@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(dest="action", required=True,
                                                                               parser_class=_Parser)
     plugins.add_parser("list", parents=[common, as_json], help="job types found, and modules that failed")
-    sub.add_parser("check", parents=[common, as_json],
-                   help="validate the settings, import every plugin, check every job; exit 0 when all is well")
+    check = sub.add_parser("check", parents=[common, as_json],
+                           help="validate the settings, import every plugin, check every job; exit 0 when all is well")
+    check.add_argument("--jobs", help="also validate this TOML jobs file (default: the configured one)")
 
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", required=True, parser_class=_Parser)

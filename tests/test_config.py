@@ -189,6 +189,8 @@ def test_check_validates_the_configured_jobs_file(tmp_path):
     proc = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS,
                 env={"MJSCHED_JOBS_FILE": str(jobs_file)})
     assert proc.returncode == 1 and "PROBLEM jobs file:" in proc.stdout and "cron_expression" in proc.stdout, proc.stdout
+    flag = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS, "--jobs", str(jobs_file))
+    assert flag.returncode == 1 and "PROBLEM jobs file:" in flag.stdout, flag.stdout
 
 
 def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
