@@ -58,7 +58,9 @@ def summarize(runs: list[dict], specs: list[dict], t0: float, t1: float, cap: in
     Keys: runs, runs_per_s, late_p50_ms / late_p99_ms / late_max_ms (started_at - scheduled_at, all runs),
     healthy_late_p99_ms, exec_late_p50_ms / exec_late_p99_ms (exec_at - scheduled_at), expected, missed,
     missed_healthy, kills, crashes, starve_total_s, starve_max_s (all slots of one instance held by hung
-    runs), healthy_gap_max_s (longest stretch without a healthy run starting)."""
+    runs), healthy_gap_max_s (longest stretch without a healthy run starting), kill_after_deadline_p50_ms /
+    _max_ms (Timeout runs: completed_at - deadline_at, i.e. from the deadline to the kill being recorded,
+    where runs carry ``deadline_at``)."""
     kinds = {s["name"]: s["kind"] for s in specs}
     win = [r for r in runs if r["scheduled_at"] is not None and t0 <= r["scheduled_at"] < t1]
     late = [(r["started_at"] - r["scheduled_at"]) * 1000 for r in win if r["started_at"] is not None]
@@ -79,6 +81,8 @@ def summarize(runs: list[dict], specs: list[dict], t0: float, t1: float, cap: in
                     and t0 <= r["started_at"] < t1)
     gaps = [b - a for a, b in zip([t0, *starts], [*starts, t1])]
     started_in = [r for r in runs if r["started_at"] is not None and t0 <= r["started_at"] < t1]
+    overrun = [(r["completed_at"] - r["deadline_at"]) * 1000 for r in started_in
+               if r["status"] == "Timeout" and r.get("deadline_at") and r["completed_at"]]
     return {
         "runs": len(started_in), "runs_per_s": len(started_in) / (t1 - t0),
         "late_p50_ms": pct(late, 50), "late_p99_ms": pct(late, 99), "late_max_ms": max(late, default=None),
@@ -90,4 +94,5 @@ def summarize(runs: list[dict], specs: list[dict], t0: float, t1: float, cap: in
         "crashes": sum(bool(r.get("crashed")) for r in started_in),
         "starve_total_s": sum(stretches), "starve_max_s": max(stretches, default=0.0),
         "healthy_gap_max_s": max(gaps, default=t1 - t0),
+        "kill_after_deadline_p50_ms": pct(overrun, 50), "kill_after_deadline_max_ms": max(overrun, default=None),
     }

@@ -82,6 +82,7 @@ def read_runs(url: str, specs: list[dict]) -> tuple[list[dict], int]:
         out.append({"job": r["job"], "kind": kinds.get(r["job"], "?"), "scheduled_at": _epoch(r["scheduled_at"]),
                     "started_at": _epoch(r["started_at"]), "exec_at": details.get("plugin_started_at"),
                     "completed_at": _epoch(r["completed_at"]), "status": r["status"],
+                    "deadline_at": _epoch(r["deadline_at"]),
                     "crashed": r["status"] == "Failed" and "died during the run" in (r["error_message"] or ""),
                     "instance": r["executed_by_instance"]})
     return out, int(skipped)
