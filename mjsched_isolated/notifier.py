@@ -6,7 +6,7 @@ whose channel is not configured on this supervisor is never claimed here: it wai
 supervisor that has that channel. Per due Pending row of its channel, oldest first:
 
 1. claim it (:meth:`Store.claim_notification`: one conditional UPDATE judged by its row count; the claim
-   is a lease until DB-now + ``claim_lease_s``, so several supervisors never send one row twice, and a
+   is a lease until DB-now + ``claim_lease_s``, so several supervisors do not send one row at the same time, and a
    claim left by a dead sender expires and is taken again);
 2. deliver it through its channel (every network call has the channel's ``timeout_s``);
 3. mark it Sent, or Pending again after ``retry_backoff_s * 2**(attempts-1)`` (capped at
