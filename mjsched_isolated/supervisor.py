@@ -249,8 +249,8 @@ class Supervisor:
         self._warn_high_frequency(now)
         abandoned = self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight),
                                                      notice_channels=self.settings.notifications.channels())
-        if abandoned and self.notifier is not None:
-            self.notifier.wake()
+        if abandoned:
+            self._wake_sender()
         for run in abandoned:
             log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
                       extra={"job": run["job_name"], "run_id": run["id"]})
@@ -301,6 +301,7 @@ class Supervisor:
                    else "missed and missed_run_policy is Skip")
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True,
                                           notices=self._skip_notices(job, seen, "Missed", why)):
+                self._wake_sender()
                 self.metrics.occurrence_skipped("backlog" if decision.skipped_older else "missed")
                 log.warning("job %s: occurrence %s skipped: %s", job["name"], _iso(seen), why, extra=_ctx(job))
             return False
@@ -316,6 +317,7 @@ class Supervisor:
         if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll" and self.store.set_next_run_at(
                 job["id"], seen, next_run_at, now, skipped=True,
                 notices=self._skip_notices(job, seen, "Skipped", busy)):
+            self._wake_sender()
             self.metrics.occurrence_skipped("concurrency")
             log.warning("job %s: occurrence %s skipped: a run is still live (concurrency_mode Skip)",
                         job["name"], _iso(seen), extra=_ctx(job))
@@ -323,11 +325,13 @@ class Supervisor:
 
     def _skip_notices(self, job: dict, seen: dt.datetime | None, event: str, why: str) -> list[dict]:
         """Outbox rows for an occurrence not run (written with the skip, in its transaction)."""
-        rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
+        return notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
                                    self.settings.notifications.channels())
-        if rows and self.notifier is not None:
-            self.notifier.wake()  # the sender looks once the transaction has committed (or at its next poll)
-        return rows
+
+    def _wake_sender(self) -> None:
+        """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
+        if self.notifier is not None:
+            self.notifier.wake()
 
     def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
         if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):
@@ -536,14 +540,14 @@ class Supervisor:
                 return
             self.pending.pop(0)
 
-    def _store_outcome(self, flight: InFlight, outcome: dict) -> bool:
-        """False if the database could not be reached (the caller keeps the outcome for later)."""
+    def _store_outcome(self, flight: InFlight, outcome: dict, *, refused: bool = False) -> bool:
+        """False if the database could not be reached (the caller keeps the outcome for later).
+        ``refused``: this is the second try, without the plugin's text, of an outcome the database refused."""
         status, error_message, duration_ms = outcome["status"], outcome["error_message"], outcome["duration_ms"]
         try:
             recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
         except Exception as exc:  # noqa: BLE001
-            if is_permanent_error(exc) and (outcome["details"] is not None or outcome["notices"]
-                                            or "result refused" not in (outcome["error_message"] or "")):
+            if is_permanent_error(exc) and not refused:
                 # the database refused what the plugin reported (e.g. a NUL byte on PostgreSQL): retrying
                 # cannot help, so record the outcome without the plugin's text rather than never
                 log.error("run %d of job %s: the database refused its result (%s); recording %s without the "
@@ -551,7 +555,7 @@ class Supervisor:
                           status, extra=_ctx(flight))
                 outcome.update(details=None, notices=[], error_message=(
                     f"result refused by the database ({_short(exc, 300)}); the run ended {status}"))
-                return self._store_outcome(flight, outcome)
+                return self._store_outcome(flight, outcome, refused=True)
             log.debug("run %d: recording failed: %s", flight.run_id, _short(exc), extra=_ctx(flight))
             return False
         if not recorded:
@@ -560,8 +564,8 @@ class Supervisor:
                         flight.run_id, flight.job_name, status, extra=_ctx(flight))
             return True
         self.metrics.run_finished(flight.job_type, status, duration_ms / 1000)
-        if outcome["notices"] and self.notifier is not None:
-            self.notifier.wake()
+        if outcome["notices"]:
+            self._wake_sender()
         level = logging.INFO if status == "Completed" else logging.ERROR
         log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
                 duration_ms, f": {error_message}" if error_message and status != "Completed" else "", extra=_ctx(flight))

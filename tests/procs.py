@@ -54,3 +54,18 @@ class Serve:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+@pytest.fixture
+def serve_factory():
+    """``start(db_url, *args, **kw)`` starts a :class:`Serve`; every one started is stopped after the test."""
+    made: list[Serve] = []
+
+    def start(db_url: str, *args: str, **kw) -> Serve:
+        s = Serve(db_url, *args, **kw)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()

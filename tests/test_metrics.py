@@ -22,23 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import FIXTURE_PLUGINS, add_job, isolated_database
 from mjsched_isolated.metrics import PrometheusMetrics
 from mjsched_isolated.store import Store
-from procs import Serve
+from procs import Serve, serve_factory  # noqa: F401 - serve_factory is a fixture
 
 METRICS_LINE = r"metrics on http://127\.0\.0\.1:(\d+)/metrics"
 
 
 @pytest.fixture
-def serve():
-    made: list[Serve] = []
-
-    def start(db_url: str, *args: str, **kw) -> Serve:
-        s = Serve(db_url, *args, **kw)
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.stop()
+def serve(serve_factory):
+    return serve_factory
 
 
 def get(port: int, path: str) -> tuple[int, str]:

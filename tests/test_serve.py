@@ -5,6 +5,7 @@ The tests read the server's log through its stderr pipe and wait for lines, with
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -17,21 +18,12 @@ import psutil
 import pytest
 
 from conftest import add_job, wait_gone
-from procs import Serve
+from procs import Serve, serve_factory  # noqa: F401 - serve_factory is a fixture
 
 
 @pytest.fixture
-def serve(db_url):
-    made: list[Serve] = []
-
-    def start(*args: str, **kw) -> Serve:
-        s = Serve(db_url, *args, **kw)
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.stop()
+def serve(db_url, serve_factory):
+    return functools.partial(serve_factory, db_url)
 
 
 def test_sigterm_drains_the_running_job_then_exits_0(store, serve):
