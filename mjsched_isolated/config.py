@@ -25,6 +25,7 @@ import msgspec
 from .errors import InputError
 
 MAX_SECONDS = 10 * 365 * 86400.0
+MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
 DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 ENV_PREFIX = "MJSCHED_"
 
@@ -191,7 +192,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT. ``lease_ttl_s`` / ``lease_renew_interval_s``:
     the supervisor's liveness lease (see :mod:`liveness`); a dead supervisor's runs are recovered within
     ``lease_ttl_s + rescan_interval_s``. ``clock_skew_s``: added to the local clock reading; for tests
-    that simulate a machine whose clock is wrong. ``max_catchup_runs``: RunAll's bound on a job's backlog.
+    that simulate a machine whose clock is wrong. ``max_catchup_runs``: RunAll's bound on a job's backlog
+    (at most :data:`MAX_CATCHUP_RUNS`: each catch-up decision reads up to twice that many occurrences).
     ``jobs_file``: TOML jobs file synced when ``serve`` starts (default ``<plugins_dir>/jobs.toml`` when it
     exists). ``auto_upgrade``: ``serve`` applies pending schema migrations instead of refusing to start.
     """
@@ -229,8 +231,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             value = getattr(self, name)
             if not math.isfinite(value) or abs(value) > MAX_SECONDS:
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
-        if not 1 <= self.max_catchup_runs <= 1_000_000:
-            raise InputError("max_catchup_runs", f"must be between 1 and 1000000, got {self.max_catchup_runs}")
+        if not 1 <= self.max_catchup_runs <= MAX_CATCHUP_RUNS:
+            raise InputError("max_catchup_runs",
+                             f"must be between 1 and {MAX_CATCHUP_RUNS}, got {self.max_catchup_runs}")
         if not 1 <= self.max_concurrent_jobs <= 1000:
             raise InputError("max_concurrent_jobs", f"must be an integer between 1 and 1000, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",

@@ -85,21 +85,47 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
 def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime, n: int,
                           not_before: dt.datetime) -> dt.datetime | None:
     """The n-th most recent occurrence at or before ``now`` (n = 1: the latest), or None when fewer than n
-    occurrences lie in ``[not_before, now]``. Looks back over a window that starts at n times the
-    expression's shortest interval and doubles, so it reads about n occurrences, never the whole backlog."""
-    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
-    while True:
-        start = now - dt.timedelta(seconds=window_s)
-        if start <= not_before:
-            return None
-        latest: deque[dt.datetime] = deque(maxlen=n)
+    occurrences lie in ``[not_before, now]``. Never enumerates the backlog: it reads at most 2n occurrences
+    per look, first over a window behind ``now`` that starts at n times the expression's shortest interval
+    and doubles, and, when a window holds more than 2n (an uneven schedule such as ``* * 1 * *``), by
+    halving the window between a start with too many and one with too few (about log2(window / 1 s) looks).
+    """
+    limit = 2 * n
+
+    def occurrences_since(start: dt.datetime) -> tuple[list[dt.datetime], bool]:
+        """Occurrences in ``[start, now]``, at most ``limit``, and whether that is all of them."""
+        found: list[dt.datetime] = []
         when = next_run_time(cron_expression, timezone, start - _TICK)
         while when <= now:
-            latest.append(when)
+            if len(found) == limit:
+                return found, False
+            found.append(when)
             when = next_run_time(cron_expression, timezone, when)
-        if len(latest) == n:
-            return latest[0]
+        return found, True
+
+    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
+    while True:  # widen until the window holds n occurrences (or reaches not_before)
+        start = max(now - dt.timedelta(seconds=window_s), not_before)
+        found, complete = occurrences_since(start)
+        if not complete:
+            break
+        if len(found) >= n:
+            return found[-n]
+        if start == not_before:
+            return None
         window_s *= 2
+    # More than 2n occurrences lie in [start, now] and fewer than n in [now, now]: narrow down. Occurrences
+    # are at least 1 s apart, so the gap between the two bounds cannot stay wider than n seconds.
+    many, few = start, now
+    while True:
+        middle = many + (few - many) / 2
+        found, complete = occurrences_since(middle)
+        if not complete:
+            many = middle
+        elif len(found) >= n:
+            return found[-n]
+        else:
+            few = middle
 
 
 def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:

@@ -61,7 +61,8 @@ def test_three_supervisors_claim_each_occurrence_exactly_once(backend):
     for i in range(40):
         add_job(store, f"fast-{i:02d}", "ok", "* * * * * *")
     for i in range(6):
-        add_job(store, f"skip-{i}", "sleep", "* * * * * *", configuration=slow)
+        # 3 s runs: even a supervisor lagging by over a second sees the next occurrences come due mid-run
+        add_job(store, f"skip-{i}", "sleep", "* * * * * *", configuration=json.dumps({"seconds": 3}))
     for i in range(2):
         add_job(store, f"queue-{i}", "sleep", "* * * * * *", configuration=slow, concurrency_mode="Queue")
     for i in range(2):

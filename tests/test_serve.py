@@ -64,7 +64,8 @@ def test_second_signal_kills_at_once(store, serve, tmp_path):
 
 def test_run_for_stops_by_itself(store, serve):
     add_job(store, "tick", "ok", "* * * * * *")
-    s = serve("--run-for", "1.5")
+    s = serve("--run-for", "6")  # long enough for a loaded machine to spawn its workers
+    s.wait_for(r"run \d+ finished: job tick Completed", timeout_s=30)
     assert s.proc.wait(30) == 0
     assert store.get_job("tick")["success_count"] >= 1
 
