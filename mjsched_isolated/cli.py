@@ -469,10 +469,10 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cron_next(args: argparse.Namespace) -> int:
-    from .cronshow import describe_next  # noqa: PLC0415 - only this command needs it
+    from .cronshow import MAX_COUNT, describe_next  # noqa: PLC0415 - only this command needs it
 
-    if not 1 <= args.count <= 1000:
-        raise InputError("--count", f"must be between 1 and 1000, got {args.count}")
+    if not 1 <= args.count <= MAX_COUNT:
+        raise InputError("--count", f"must be between 1 and {MAX_COUNT}, got {args.count}")
     try:
         zone = cron.zone(args.tz)
         after = _iso_arg("--after", args.after) or utcnow()

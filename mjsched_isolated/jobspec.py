@@ -21,6 +21,7 @@ from .schema import CONCURRENCY_MODES, JOB_STATUSES, MISSED_RUN_POLICIES
 
 
 MAX_RUNTIME_MINUTES = int(planner.MAX_RUN_TIMEOUT_S // 60)
+JITTER_REFERENCE = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)  # where a schedule's interval is sampled
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -75,6 +76,11 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("missed_run_policy", f"must be one of {', '.join(MISSED_RUN_POLICIES)}, got {spec.missed_run_policy!r}")
     if spec.max_jitter_s is not None and not 0 <= spec.max_jitter_s <= 86400:
         fail("max_jitter_s", f"must be between 0 and 86400 seconds, got {spec.max_jitter_s}")
+    if spec.max_jitter_s:
+        interval_s = cron.min_interval_s(spec.cron_expression, spec.timezone, spec.start_at or JITTER_REFERENCE)
+        if spec.max_jitter_s >= interval_s:
+            fail("max_jitter_s", f"must be shorter than the schedule's interval ({interval_s:g} s), "
+                                 f"or delayed occurrences would swallow the next ones; got {spec.max_jitter_s:g}")
     if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")
@@ -108,12 +114,16 @@ def schedule_fields_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
     """Add ``next_run_at`` for an Active job (None otherwise, and for one past its end_at).
-    Raises :class:`InputError` (``start_at``) when no occurrence can be computed, e.g. year 9999."""
+    Raises :class:`InputError` when no occurrence can be computed: naming ``start_at`` when one is set
+    (e.g. year 9999), else ``cron_expression`` (e.g. ``0 0 30 2 *``, February 30th)."""
     active = values.get("status") == "Active"
     try:
         values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
     except (OverflowError, ValueError) as exc:
-        raise InputError("start_at", f"no occurrence can be computed from it ({exc})") from None
+        detail = str(exc).split(": ", 1)[-1] if isinstance(exc, InputError) else str(exc)
+        if values.get("start_at"):
+            raise InputError("start_at", f"no occurrence can be computed from it ({detail})") from None
+        raise InputError("cron_expression", f"never fires: no occurrence can be computed ({detail})") from None
     return values
 
 
