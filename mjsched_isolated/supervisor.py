@@ -92,7 +92,8 @@ class Supervisor:
         self._active_signature: tuple | None = None
         self._high_frequency_warned: tuple = ()
         self._signals = 0
-        self._last_clock: tuple[dt.datetime, float] | None = None
+        self._last_clock: tuple[dt.datetime, float] | None = None  # (local wall clock, monotonic)
+        self._last_step_clock: tuple[dt.datetime, float] | None = None  # (database time, monotonic)
         self.notifier: Notifier | None = None  # the notification sender, started by serve
         self.on_delivery_failure = self.metrics.notification_failed  # callable(channel: str), for the sender
 
@@ -121,6 +122,38 @@ class Supervisor:
         log.warning("wall clock jumped %+.1f s; re-reading the database clock now", jump_s)
         self.liveness.next_renew = float("-inf")  # keep_lease re-measures the database clock in this step
         return True
+
+    def follow_time_jump(self, now: dt.datetime, mono: float) -> float:
+        """Keep what is measured from *now* on the monotonic clock when database time jumps against it
+        (a wall-clock step on SQLite, a machine waking from suspend, a stepped database server): each
+        in-flight run keeps the time it had left (its deadline, run row and job lease are moved by the
+        jump, token-checked), the shutdown bound likewise, and the rescan and pruning timers restart. So a
+        forward step never kills a run for time it did not use, and a backward step neither stretches a
+        deadline nor stops the sweep. Returns the jump in seconds (0.0 when under 1 s)."""
+        previous, self._last_step_clock = self._last_step_clock, (now, mono)
+        if previous is None:
+            return 0.0
+        jump_s = (now - previous[0]).total_seconds() - (mono - previous[1])
+        if abs(jump_s) <= CLOCK_JUMP_S:
+            return 0.0
+        shift = dt.timedelta(seconds=jump_s)
+        self.next_rescan_at = None
+        self.pruner.next_pass_at = None if self.pruner.next_pass_at is None else self.pruner.next_pass_at + shift
+        if self.drain_deadline is not None:
+            self.drain_deadline += shift
+        for flight in self.inflight.values():
+            flight.deadline += shift
+            if flight.last_extended is not None:
+                flight.last_extended += shift
+            lease_s = max(0.0, (flight.deadline - now).total_seconds()) + self.settings.lease_ttl_s
+            try:
+                self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, flight.deadline)
+            except Exception as exc:  # noqa: BLE001 - the run keeps its local deadline; renewal checks the lease
+                log.warning("run %d: deadline not moved in the database (%s)", flight.run_id, _short(exc))
+        if self.inflight:
+            log.warning("time jumped %+.1f s against the monotonic clock; %d in-flight run(s) keep the time "
+                        "they had left", jump_s, len(self.inflight))
+        return jump_s
 
     # -- the outer loop ------------------------------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
@@ -182,6 +215,7 @@ class Supervisor:
         offset = self.liveness.db_offset
         self.keep_lease(now, mono)
         now += self.liveness.db_offset - offset  # a renewal re-measured the database clock
+        self.follow_time_jump(now, mono)
         self.retry_pending(now)
         self.enforce_deadlines(now)
         if not self.accepting:
@@ -407,7 +441,10 @@ class Supervisor:
             return None
         while flight.run_id in self.inflight or self.pending:
             now, mono = self.read_clock()
+            offset = self.liveness.db_offset
             self.keep_lease(now, mono)
+            now += self.liveness.db_offset - offset
+            self.follow_time_jump(now, mono)
             self.retry_pending(now)
             self.enforce_deadlines(now)
             wake = self._wake(now, mono)

@@ -4,12 +4,14 @@ catch-up through a real supervisor."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 
 import pytest
 
 from conftest import add_job
 from mjsched_isolated import planner
+from mjsched_isolated.schema import jobs
 from mjsched_isolated.supervisor import utcnow
 
 UTC = dt.timezone.utc
@@ -223,6 +225,42 @@ def test_backward_step_never_suppresses_the_next_due_run(store, driver_factory):
     d.supervisor.step(t - dt.timedelta(hours=2), mono + 2)  # the wall clock was stepped back 2 h
     _step_until_idle(d, t + dt.timedelta(hours=1, seconds=1), mono + 3)  # the next occurrence still runs
     assert [r["scheduled_at"] for r in store.list_runs(job_name="hourly")] == [t + dt.timedelta(hours=1), t]
+
+
+def test_forward_jump_keeps_in_flight_runs_alive_with_the_time_they_had_left(store, driver_factory):
+    """A machine waking from suspend (or an NTP step forward) must not kill runs as Timeout for time they
+    never used: each keeps its remaining time, in memory and in its run row and job lease."""
+    d = driver_factory()
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 2}))
+    d.until(lambda: bool(d.supervisor.inflight))
+    (flight,) = d.supervisor.inflight.values()
+    before = flight.deadline
+    now, mono = d.supervisor.read_clock()
+    d.supervisor.step(now + dt.timedelta(hours=1), mono + 0.5)  # one hour of wall time, half a second lived
+    assert flight.run_id in d.supervisor.inflight  # not killed
+    moved = flight.deadline - before
+    assert dt.timedelta(minutes=59) < moved < dt.timedelta(minutes=61)
+    assert store.get_run(flight.run_id)["deadline_at"] == flight.deadline
+    d.until(lambda: not d.supervisor.inflight)  # back on the real clock: the deadline moves back too
+    assert flight.deadline - before < dt.timedelta(seconds=5)
+    assert store.get_run(flight.run_id)["status"] == "Completed"
+
+
+def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(store, driver_factory):
+    d = driver_factory()
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 30}))
+    d.until(lambda: bool(d.supervisor.inflight))
+    (flight,) = d.supervisor.inflight.values()
+    before = flight.deadline
+    now, mono = d.supervisor.read_clock()
+    d.supervisor.step(now, mono)
+    # a job activated behind the supervisor's back (no next_run_at), then the wall clock is stepped back 1 h
+    job = add_job(store, "activated", "ok", "0 0 1 1 *")
+    with store.engine.begin() as conn:
+        conn.execute(jobs.update().where(jobs.c.id == job["id"]).values(next_run_at=None))
+    d.supervisor.step(now - dt.timedelta(hours=1), mono + 0.5)
+    assert store.get_job("activated")["next_run_at"] is not None  # the rescan ran at once, not in an hour
+    assert abs(flight.deadline + dt.timedelta(hours=1) - before) < dt.timedelta(seconds=2)  # same time left
 
 
 def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(store, driver_factory):
