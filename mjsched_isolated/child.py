@@ -38,18 +38,21 @@ MAX_ERROR_CHARS = 4000
 
 
 def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO,
-         import_timeout_s: float = 10.0, fence_at=None, log_format: str = "text") -> None:
+         import_timeout_s: float = 10.0, fence_at=None, log_format: str = "text",
+         skip_modules: dict[str, str] | None = None) -> None:
     """Child entry point (picklable, plain arguments only). ``fence_at``: a shared double holding the
-    monotonic time after which the supervisor's lease can no longer be trusted (see :mod:`liveness`)."""
+    monotonic time after which the supervisor's lease can no longer be trusted (see :mod:`liveness`).
+    ``skip_modules``: plugin files not to import (an earlier child died importing them) -> why."""
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the supervisor's decision
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logs.configure(log_level, log_format, worker_pid=os.getpid())
-    registry = load_plugins(plugins_dir, import_timeout_s)  # failures travel in Ready; the supervisor logs them
-    baseline = _State.capture()
     sender = _Sender(conn)
+    registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
+                            on_import=lambda module: sender.send(protocol.Importing(module=module)))
+    baseline = _State.capture()
     sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures))
     while True:
         try:
@@ -102,7 +105,10 @@ def run(registry: Registry, req: protocol.RunRequest, sender: "_Sender") -> prot
         now = time.time()
         if now - last_beat[0] >= HEARTBEAT_MIN_GAP_S:
             last_beat[0] = now
-            sender.send(protocol.Heartbeat(run_id=req.run_id, at=now))
+            try:
+                sender.send(protocol.Heartbeat(run_id=req.run_id, at=now))
+            except (OSError, ValueError):  # the supervisor is gone (its watchdog ends us): never raise in a plugin
+                pass
 
     context = JobContext(
         run_id=req.run_id, job_id=req.job_id, job_name=req.job_name, job_type=req.job_type,

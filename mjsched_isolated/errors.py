@@ -27,6 +27,10 @@ class NotFoundError(InputError, LookupError):
     """A named job or run does not exist (``field`` is ``name`` or ``id``)."""
 
 
+class WorkerError(MjschedError):
+    """A worker child died where it must not (e.g. while a CLI command was waiting for its answer)."""
+
+
 class ProtocolError(MjschedError):
     """A message between supervisor and worker could not be decoded."""
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from . import protocol
-from .pool import Pool
+from .errors import WorkerError
+from .pool import Pool, describe_exit
 
 
 class PluginReport:
@@ -23,7 +24,9 @@ class PluginReport:
 def inspect_plugins(plugins_dir: str, checks: list[tuple[str, str | None]] = (), timeout_s: float = 30.0) -> PluginReport:
     """Start one worker on ``plugins_dir``, wait for its Ready, and validate each ``(job_type,
     configuration JSON)`` in ``checks``. ``errors[i]`` is None or a one-line message naming the field.
-    Raises ``TimeoutError`` if the child does not answer within ``timeout_s`` (a plugin hanging at import).
+    Raises ``TimeoutError`` if the child does not answer within ``timeout_s`` (a plugin hanging at import),
+    :class:`WorkerError` if it dies for a reason other than a plugin module ending it at import (such a
+    module is left out and reported in ``failures``; a fresh child answers).
     """
     pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -52,6 +55,6 @@ def _next_events(pool: Pool, deadline: float) -> list:
         raise TimeoutError("the plugin worker did not answer in time (does a plugin hang at import?)")
     events, _ = pool.wait(remaining)
     for event in events:
-        if event.died:
-            raise RuntimeError(f"the plugin worker died (exit code {event.exitcode}) while loading plugins")
+        if event.died and event.culprit is None:  # a culprit is left out and the pool starts a new worker
+            raise WorkerError(f"the plugin worker died ({describe_exit(event.exitcode)}) while loading plugins")
     return events

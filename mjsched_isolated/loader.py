@@ -6,7 +6,9 @@ subclass of :class:`BaseScheduledJob` defined in it with a non-empty ``job_type`
 module that fails to import, or a duplicate ``job_type``, becomes a :class:`LoadFailure` carrying the
 traceback; the other modules still load (a bad plugin costs only its own job type). An import that
 has not finished after ``import_timeout_s`` (a plugin hanging at import) is given up: the module is a
-failure, its thread is left behind, and the worker serves the other job types.
+failure, its thread is left behind, and the worker serves the other job types. A module that ends the
+process while importing is named by the pool (see :class:`~mjsched_isolated.protocol.Importing`) and
+left out of later children through ``skip``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import Callable, Mapping
 
 from .api import BaseScheduledJob
 from .protocol import LoadFailure, PluginInfo
@@ -31,9 +34,11 @@ class Registry:
         self.failures: list[LoadFailure] = []
 
 
-def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0) -> Registry:
+def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0, *, skip: Mapping[str, str] = {},
+                 on_import: Callable[[str], None] | None = None) -> Registry:
     """Import every plugin module in ``plugins_dir``. A missing folder yields an empty registry with one
-    failure saying so."""
+    failure saying so. ``skip``: module file name -> why it is not imported (it becomes a failure with
+    that text). ``on_import(file name)`` is called just before each import."""
     registry = Registry()
     folder = Path(plugins_dir).resolve()
     if not folder.is_dir():
@@ -44,6 +49,11 @@ def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0) -> Reg
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
+        if path.name in skip:
+            registry.failures.append(LoadFailure(module=path.name, error=skip[path.name]))
+            continue
+        if on_import is not None:
+            on_import(path.name)
         module, error = _import_with_timeout(path, import_timeout_s)
         if error is not None:
             registry.failures.append(LoadFailure(module=path.name, error=error))

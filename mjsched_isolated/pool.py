@@ -3,8 +3,10 @@
 The pool knows processes and pipes, not the database. :meth:`Pool.wait` blocks on every child's pipe and
 process sentinel at once (plus any extra wake-up handles) and returns :class:`ChildEvent` s. A child that
 dies or must be killed costs only its own run: :meth:`Pool.kill` takes down its whole process tree and the
-slot is refilled. A slot whose child keeps dying before it is ready backs off (1 s doubling to 60 s) so a
-plugin that crashes at import cannot spin the supervisor.
+slot is refilled. A child that dies (or hangs past ``ready_timeout_s``) while importing a plugin module
+names that module (children announce each import): the module is left out of every later child and
+reported as a load failure, so only its own job types are lost. A slot whose child keeps dying before it
+is ready for any other reason backs off (1 s doubling to 60 s), so it cannot spin the supervisor.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Worker:
         self.conn = conn
         self.started_mono = started_mono
         self.ready: protocol.Ready | None = None
+        self.importing: str | None = None  # the plugin module being imported (before Ready)
         self.run: protocol.RunRequest | None = None
         self.runs_done = 0
 
@@ -54,13 +57,15 @@ class Worker:
 
 
 class ChildEvent(msgspec.Struct):
-    """Something a child did: sent ``message``, or died (``exitcode`` set; ``run`` was in flight)."""
+    """Something a child did: sent ``message``, or died (``exitcode`` set; ``run`` was in flight;
+    ``culprit``: the plugin module whose import it died in, now left out of later children)."""
 
     worker: Any
     message: Any = None
     died: bool = False
     exitcode: int | None = None
     run: protocol.RunRequest | None = None
+    culprit: str | None = None
 
 
 class Pool:
@@ -98,6 +103,7 @@ class Pool:
         self.max_memory_per_child_mb = max_memory_per_child_mb
         self.recycled = 0
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
+        self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -107,7 +113,8 @@ class Pool:
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
-                                                           self.import_timeout_s, self.fence_at, self.log_format),
+                                                           self.import_timeout_s, self.fence_at, self.log_format,
+                                                           dict(self.fatal_modules)),
                                name=f"mjsched-worker-{slot}", daemon=False)
         process.start()
         child_conn.close()
@@ -182,7 +189,11 @@ class Pool:
         try:
             while worker.conn.poll():
                 message = protocol.decode_to_supervisor(worker.conn.recv_bytes())
+                if isinstance(message, protocol.Importing):
+                    worker.importing = message.module
+                    continue
                 if isinstance(message, protocol.Ready):
+                    worker.importing = None
                     worker.ready = message
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
@@ -206,9 +217,22 @@ class Pool:
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
         worker.conn.close()
-        event = ChildEvent(worker=worker, died=True, exitcode=worker.process.exitcode, run=worker.run)
-        self._vacate(worker, died_before_ready=worker.ready is None)
+        code = worker.process.exitcode
+        culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})")
+        event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit)
+        self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
+
+    def _blame_import(self, worker: Worker, why: str) -> str | None:
+        """If ``worker`` died while importing a plugin module, leave that module out of later children and
+        return its file name (the slot is then refilled at once: the next child will get further)."""
+        module = worker.importing if worker.ready is None else None
+        if module is None:
+            return None
+        self.fatal_modules[module] = f"{why}; it is left out until the supervisor restarts"
+        log.error("plugin module %s: %s; its job types are unavailable, the others load without it",
+                  module, why)
+        return module
 
     def kill(self, worker: Worker) -> protocol.RunRequest | None:
         """Kill ``worker``'s whole process tree now and refill its slot. Returns the run it had."""
@@ -275,7 +299,9 @@ class Pool:
                 kill_tree(worker.pid)
                 worker.process.join(1.0)
                 worker.conn.close()
-                self._vacate(worker, died_before_ready=True)
+                culprit = self._blame_import(
+                    worker, f"its import had not finished after {self.ready_timeout_s:g} s (the worker was killed)")
+                self._vacate(worker, died_before_ready=culprit is None)
 
     def _next_maintenance_in(self) -> float:
         now = time.monotonic()
@@ -284,6 +310,16 @@ class Pool:
                   if w is not None and w.ready is None]
         times += [kill_after - now for _, kill_after in self._retiring]
         return max(0.0, min(times, default=3600.0))
+
+
+def describe_exit(code: int | None) -> str:
+    """``-11`` -> ``"killed by signal SIGSEGV"``, ``3`` -> ``"exit code 3"`` (multiprocessing's exitcode)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def kill_tree(pid: int) -> None:

@@ -33,6 +33,13 @@ class LoadFailure(msgspec.Struct, frozen=True):
     error: str
 
 
+class Importing(msgspec.Struct, tag=True, frozen=True):
+    """Sent by a child just before it imports a plugin module (file name), so that if the import ends the
+    process (``os._exit``, a crash in a C extension) the supervisor knows which module to leave out."""
+
+    module: str
+
+
 class Ready(msgspec.Struct, tag=True, frozen=True):
     """First message of every child: its pid and what its plugin folder yielded."""
 
@@ -106,7 +113,7 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
 
 
 ToChild = Union[RunRequest, ValidateRequest, Stop]
-ToSupervisor = Union[Ready, RunStarted, Heartbeat, RunFinished, ValidateReply]
+ToSupervisor = Union[Importing, Ready, RunStarted, Heartbeat, RunFinished, ValidateReply]
 
 _encoder = msgspec.msgpack.Encoder()
 _to_child = msgspec.msgpack.Decoder(ToChild)

@@ -219,7 +219,7 @@ class Supervisor:
         self.retry_pending(now)
         self.enforce_deadlines(now)
         if not self.accepting:
-            return self._drain_step(now)
+            return self._drain_step(now, mono)
         next_due = None
         if self.liveness.valid(mono):
             try:
@@ -479,7 +479,8 @@ class Supervisor:
         how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         flight = self.inflight.pop(event.run.run_id, None) if event.run is not None else None
         if flight is None:
-            log.warning("worker %d exited while idle (%s); slot refilled", event.worker.pid, how)
+            if event.culprit is None:  # the pool has already named a plugin module that killed it at import
+                log.warning("worker %d exited while idle (%s); slot refilled", event.worker.pid, how)
             return
         self.record(flight, now, status="Failed", success=False,
                     error_message=f"worker process {event.worker.pid} died during the run ({how})")
@@ -528,7 +529,10 @@ class Supervisor:
         log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
                  self.settings.shutdown_timeout_s, len(self.inflight))
 
-    def _drain_step(self, now: dt.datetime) -> dt.datetime:
+    def _drain_step(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """One step of a shutdown: wait for in-flight runs until ``drain_deadline``, then cancel them. The
+        liveness lease is still renewed meanwhile (the wake-up includes the renewal), or the workers'
+        watchdogs would fence runs that are allowed to finish."""
         past_deadline = self.drain_deadline is None or now >= self.drain_deadline
         if self.inflight and past_deadline:
             self.cancel_all(now, "interrupted by shutdown")
@@ -540,8 +544,7 @@ class Supervisor:
         if not self.inflight and not self.pending:
             self.done = True
             return now
-        wake = min([self.drain_deadline, *(f.deadline for f in self.inflight.values())])
-        return min(wake, now + dt.timedelta(seconds=1)) if self.pending else wake
+        return self._wake(now, mono, self.drain_deadline)
 
     def cancel_all(self, now: dt.datetime, reason: str) -> None:
         """Kill every in-flight run's process tree and record it Cancelled (lease released)."""

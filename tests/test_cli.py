@@ -151,6 +151,18 @@ def test_plugins_list_reports_types_and_failures(cli):
     assert "FAILED broken_import.py" in text
 
 
+def test_a_plugin_ending_its_worker_at_import_is_reported_not_fatal_to_the_cli(cli, tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "exits.py").write_text("import os\nos._exit(7)\n")
+    (plugins / "fine.py").write_text((Path(FIXTURE_PLUGINS) / "behaviours.py").read_text())
+    report = json.loads(cli("plugins", "list", "--json", "--plugins", str(plugins)).stdout)
+    assert "ok" in {p["job_type"] for p in report["plugins"]}
+    assert [f["module"] for f in report["failures"]] == ["exits.py"]
+    assert "ended the worker process (exit code 7)" in report["failures"][0]["error"]
+    cli("jobs", "add", "j", "--type", "ok", "--cron", "0 0 1 1 *", "--plugins", str(plugins))
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "mjsched"
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)

@@ -51,6 +51,19 @@ def test_shutdown_timeout_cancels_what_is_left(store, serve, tmp_path):
     assert wait_gone(grandchildren) == []
 
 
+def test_the_liveness_lease_is_renewed_while_draining(store, serve):
+    """A drain longer than the lease TTL: the supervisor must keep renewing, or the workers' watchdogs
+    fence (SIGKILL) runs that the shutdown timeout allows to finish."""
+    add_job(store, "long", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 4.0}))
+    s = serve("--lease-ttl-s", "1.5", "--lease-renew-interval-s", "0.4", "--shutdown-timeout-s", "60")
+    run_id = int(s.wait_for(r"run (\d+) started: job long").group(1))
+    s.proc.send_signal(signal.SIGTERM)
+    s.wait_for(r"shutting down")
+    assert s.proc.wait(30) == 0
+    run = store.get_run(run_id)
+    assert (run["status"], run["error_message"]) == ("Completed", None), "".join(s.output[-20:])
+
+
 def test_second_signal_kills_at_once(store, serve, tmp_path):
     add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
     s = serve("--shutdown-timeout-s", "300")

@@ -214,6 +214,30 @@ def test_plugin_hanging_at_import_costs_only_its_own_job_types(store, db_url, tm
         d.close()
 
 
+def test_plugin_ending_the_worker_at_import_costs_only_its_own_job_types(store, db_url, tmp_path, caplog):
+    """os._exit or a segfault at import ends the whole worker process, not just one import: the worker
+    announced the module first, so the pool leaves it out of the next worker and the other types run."""
+    from conftest import Driver
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "exits.py").write_text("import os\nos._exit(7)\n")
+    (plugins / "segv.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    d = Driver(store, db_url, plugins_dir=str(plugins), max_concurrent_jobs=2)
+    try:
+        d.start()
+        failures = {f.module: f.error for f in d.pool.last_ready.failures}
+        assert set(failures) == {"exits.py", "segv.py"}
+        assert "ended the worker process (exit code 7)" in failures["exits.py"]
+        assert "killed by signal SIGSEGV" in failures["segv.py"]
+        assert "plugin module exits.py: importing it ended the worker process" in caplog.text
+        add_job(store, "fine-job", "ok", "0 0 1 1 *")
+        d.until(_finished(store, "fine-job"))
+        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+    finally:
+        d.close()
+
+
 def test_worker_state_changed_by_a_plugin_does_not_leak_into_the_next_run(store, driver_factory, tmp_path):
     d = driver_factory(max_concurrent_jobs=1)
     add_job(store, "polluter", "pollute", "0 0 1 1 *")
