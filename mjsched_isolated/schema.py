@@ -11,9 +11,10 @@ used for every lease decision (acquire, extend, expiry), never the supervisor's.
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Engine
 
 UTC = dt.timezone.utc
@@ -24,15 +25,53 @@ CONCURRENCY_MODES = ("Skip", "Queue", "Concurrent")
 MISSED_RUN_POLICIES = ("Skip", "RunOnce", "RunAll")
 
 
+SQLITE_EXACT_FORM = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
+
+
+class _LenientSQLiteDateTime(sqlite.DATETIME):
+    """SQLite's DATETIME, but a value that is not a timestamp (a number, or text edited by hand such as
+    ``2026-11-29T10:00:00Z``) reads as None instead of failing the whole query or being half-parsed: one
+    bad row must not stop every poll. ``exact``: only the form the store itself writes (microseconds)
+    is read, for columns compared by value (``next_run_at``'s compare-and-set would never match another
+    spelling of the same instant); see :data:`SQLITE_EXACT_FORM`."""
+
+    _FORM = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})?")
+    _EXACT = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{6}")
+
+    def __init__(self, exact: bool = False, **kw) -> None:
+        super().__init__(**kw)
+        self.exact = exact
+        self._form = self._EXACT if exact else self._FORM
+
+    def result_processor(self, dialect, coltype):
+        parse = super().result_processor(dialect, coltype)
+
+        def process(value):
+            if value is None or isinstance(value, dt.datetime):
+                return value
+            if not isinstance(value, str) or not self._form.fullmatch(value):
+                return None
+            return parse(value) if parse else value
+
+        return process
+
+
 class UTCDateTime(sa.TypeDecorator):
-    """Aware UTC datetimes in and out; stored naive UTC with microseconds."""
+    """Aware UTC datetimes in and out; stored naive UTC with microseconds. On SQLite a stored value that
+    is not a timestamp reads as None (see :class:`_LenientSQLiteDateTime`)."""
 
     impl = sa.DateTime
     cache_ok = True
 
+    def __init__(self, exact: bool = False) -> None:
+        super().__init__()
+        self.exact = exact
+
     def load_dialect_impl(self, dialect):
         if dialect.name in ("mysql", "mariadb"):
             return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        if dialect.name == "sqlite":
+            return _LenientSQLiteDateTime(exact=self.exact)
         return dialect.type_descriptor(sa.DateTime(timezone=False))
 
     def process_bind_param(self, value, dialect):
@@ -72,7 +111,7 @@ jobs = sa.Table(
     sa.Column("configuration", sa.Text),
     sa.Column("start_at", UTCDateTime),
     sa.Column("end_at", UTCDateTime),
-    sa.Column("next_run_at", UTCDateTime),
+    sa.Column("next_run_at", UTCDateTime(exact=True)),
     sa.Column("last_run_at", UTCDateTime),
     sa.Column("run_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("success_count", sa.Integer, nullable=False, server_default="0"),

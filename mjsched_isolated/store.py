@@ -186,6 +186,20 @@ class Store:
                 self._insert_notices(conn, notices)
             return won
 
+    def repair_next_run_at(self, job_id: int, next_run_at: dt.datetime | None) -> bool:
+        """Replace a ``next_run_at`` that cannot be read (a number or hand-edited text in a SQLite file; the
+        other databases type their columns) with ``next_run_at``. Only a value still unreadable is replaced,
+        so two supervisors repairing at once cannot bring back an occurrence one of them already claimed.
+        True if this call replaced it."""
+        if self.dialect != "sqlite":
+            return False
+        col = sa.type_coerce(jobs.c.next_run_at, sa.String)
+        unreadable = sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text",
+                            sa.not_(col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))))
+        with self.engine.begin() as conn:
+            stmt = jobs.update().where(jobs.c.id == job_id, jobs.c.next_run_at.is_not(None), unreadable)
+            return conn.execute(stmt.values(next_run_at=next_run_at)).rowcount == 1
+
     # -- the lease ---------------------------------------------------------------------------------
     def _holder_alive(self, instance_column):
         """EXISTS a supervisors row for ``instance_column`` whose liveness lease has not expired (DB clock)."""

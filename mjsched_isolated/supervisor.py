@@ -316,6 +316,8 @@ class Supervisor:
     def _dispatch_one(self, job: dict, known: set[str], now: dt.datetime, worker: Worker) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
         seen = job["next_run_at"]
+        if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
+            return self._repair_unreadable(job, now)
         if planner.expired(job, now):
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
@@ -366,6 +368,18 @@ class Supervisor:
         """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
         if self.notifier is not None:
             self.notifier.wake()
+
+    def _repair_unreadable(self, job: dict, now: dt.datetime) -> bool:
+        """Give a job whose stored ``next_run_at`` cannot be read a fresh one from ``now`` (logged)."""
+        try:
+            next_run_at = planner.initial_next_run_at(job, now)
+        except CronError as exc:
+            self._mark_bad(job, str(exc))
+            return False
+        if self.store.repair_next_run_at(job["id"], next_run_at):
+            log.error("job %s: its next_run_at could not be read (not a timestamp in the store's form; edited by "
+                      "hand?); rescheduled to %s", job["name"], _iso(next_run_at), extra=_ctx(job))
+        return False
 
     def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
         if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):

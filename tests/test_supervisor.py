@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import psutil
+import sqlalchemy as sa
 
 from conftest import add_job, wait_gone
 from mjsched_isolated.supervisor import utcnow
@@ -236,6 +237,22 @@ def test_plugin_ending_the_worker_at_import_costs_only_its_own_job_types(store, 
         assert _runs(store, "fine-job")[0]["status"] == "Completed"
     finally:
         d.close()
+
+
+def test_unreadable_next_run_at_is_repaired_not_fatal_to_the_poll(store, driver_factory, caplog):
+    """A SQLite file edited by hand: a number, ISO text with a T and Z, or a timestamp without microseconds
+    (which the compare-and-set could never match) in next_run_at. Each is logged and rescheduled; the
+    other jobs keep running."""
+    add_job(store, "good", "ok", "* * * * * *")
+    for name, raw in (("number", 1700000000), ("iso", "2026-11-29T10:00:00Z"), ("short", "2020-01-01 10:00:00")):
+        job = add_job(store, name, "ok", "* * * * * *")
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET next_run_at = :raw WHERE id = :id"), {"raw": raw, "id": job["id"]})
+    d = driver_factory(max_concurrent_jobs=1)
+    d.until(lambda: all(store.get_job(n)["success_count"] >= 1 for n in ("good", "number", "iso", "short")), 30)
+    for name in ("number", "iso", "short"):
+        assert f"job {name}: its next_run_at could not be read" in caplog.text
+    assert "poll failed" not in caplog.text
 
 
 def test_worker_state_changed_by_a_plugin_does_not_leak_into_the_next_run(store, driver_factory, tmp_path):
