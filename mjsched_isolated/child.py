@@ -47,7 +47,7 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the supervisor's decision
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
-    _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
+    watchdog_pid = _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logs.configure(log_level, log_format, worker_pid=os.getpid())
     sender = _Sender(conn)
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
@@ -67,6 +67,7 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             result = run(registry, message, sender)
+            _kill_leftovers(watchdog_pid, message)
             logs.current_run = None
             busy.value = 0
             baseline.restore()
@@ -191,15 +192,54 @@ class _State:
         os.umask(self.umask)
 
 
-def _start_watchdog(supervisor_pid: int, busy, fence_at) -> None:
+def _kill_leftovers(watchdog_pid: int, req: protocol.RunRequest) -> list[int]:
+    """Kill what a finished run left running: this worker's descendants and the members of its process
+    group (a daemonised subprocess re-parented to init stays in the group), except the watchdog. A run may
+    not leave work behind in a reused worker (systemd's ``KillMode=control-group`` for a timer's service
+    does the same). A process that started its own session and was re-parented escapes. Returns the pids."""
+    me = os.getpid()
+    found: dict[int, psutil.Process] = {}
+    try:
+        for proc in psutil.Process(me).children(recursive=True):
+            found[proc.pid] = proc
+    except psutil.Error:
+        pass
+    for pid in psutil.pids():
+        if pid in found or pid in (me, watchdog_pid):
+            continue
+        try:
+            if os.getpgid(pid) == me:
+                found[pid] = psutil.Process(pid)
+        except (OSError, psutil.Error):
+            pass
+    found.pop(watchdog_pid, None)
+    killed: list[psutil.Process] = []
+    for pid, proc in found.items():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:  # already over, only not reaped: reap it below
+                killed.append(proc)
+                continue
+            what = " ".join(proc.cmdline())[:120] or proc.name()
+            proc.kill()
+        except psutil.Error:
+            continue
+        killed.append(proc)
+        log.warning("run %d of job %s left process %d running (%s); killed", req.run_id, req.job_name, pid, what)
+    psutil.wait_procs(killed, timeout=1.0)  # reaps our own children (no zombies pile up in the worker)
+    return [p.pid for p in killed]
+
+
+def _start_watchdog(supervisor_pid: int, busy, fence_at) -> int:
     """Fork the watchdog process. While the worker lives, every 0.1 s it checks that the worker's parent
     is still the supervisor (the kernel re-parents it the moment the supervisor dies, even by SIGKILL) and,
     while a run executes, that the supervisor's lease is still trusted (``fence_at``, renewed by the
     supervisor; a supervisor frozen by SIGSTOP or a suspended VM cannot fence its own runs, so its workers
-    do). Otherwise it kills the worker's descendants and process group (the watchdog's own, too)."""
+    do). Otherwise it kills the worker's descendants and process group (the watchdog's own, too). Returns
+    the watchdog's pid."""
     worker_pid = os.getpid()
-    if os.fork() != 0:
-        return
+    pid = os.fork()
+    if pid != 0:
+        return pid
     try:
         os.closerange(3, 1 << 16)  # hold no pipe of the worker's: its death must stay visible at once
         worker = psutil.Process(worker_pid)

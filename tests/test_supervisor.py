@@ -255,6 +255,18 @@ def test_unreadable_next_run_at_is_repaired_not_fatal_to_the_poll(store, driver_
     assert "poll failed" not in caplog.text
 
 
+def test_processes_a_run_leaves_behind_are_killed_when_it_ends(store, driver_factory, caplog):
+    d = driver_factory(max_concurrent_jobs=1)
+    add_job(store, "leaver", "leave_behind", "0 0 1 1 *")
+    d.until(_finished(store, "leaver"))
+    run = _runs(store, "leaver")[0]
+    assert run["status"] == "Completed"
+    assert wait_gone(run["details"]["pids"]) == []
+    add_job(store, "after", "ok", "0 0 1 1 *")  # the same worker serves the next run
+    d.until(_finished(store, "after"))
+    assert _runs(store, "after")[0]["status"] == "Completed"
+
+
 def test_worker_state_changed_by_a_plugin_does_not_leak_into_the_next_run(store, driver_factory, tmp_path):
     d = driver_factory(max_concurrent_jobs=1)
     add_job(store, "polluter", "pollute", "0 0 1 1 *")

@@ -251,3 +251,18 @@ class Awkward(BaseScheduledJob):
     def format_notification(self, context, result):
         return NotificationContent(subject="line1\r\nBcc: evil@example.org", body="body\x00with nul",
                                    priority="High", metadata={"big": 10**30})
+
+
+class LeaveBehind(BaseScheduledJob):
+    """Succeeds, leaving a child process and a daemonised one (re-parented to init, still in the worker's
+    process group) running; their pids are returned in details."""
+
+    job_type = "leave_behind"
+
+    def execute(self, context):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
+        daemon = subprocess.run(  # the intermediate process exits at once: the sleeper is re-parented
+            [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(100000)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+             "print(p.pid)"], capture_output=True, text=True, check=True)
+        return ScheduledJobResult(success=True, details={"pids": [child.pid, int(daemon.stdout)]})
