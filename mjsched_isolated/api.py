@@ -47,7 +47,8 @@ class JobContext:
     ``configuration`` (the parsed configuration: an instance of the plugin's ``configuration_type``, or
     the raw JSON value when the plugin declares none), ``scheduled_at`` (aware UTC datetime of the
     occurrence, or None for a manual run), ``deadline_at`` (aware UTC datetime at which the supervisor
-    will kill the run unless heartbeats extend it) and ``log`` (a logger named after the job type).
+    will kill the run unless heartbeats extend it; the deadline as the run started: an extension moves
+    the run row's ``deadline_at``, not this value) and ``log`` (a logger named after the job type).
     """
 
     def __init__(

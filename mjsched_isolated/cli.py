@@ -255,8 +255,14 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _cell(value: Any) -> str:
+    """A table cell: one line (a multi-line error shows its lines joined by " | ")."""
+    text = _fmt(value)
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip()) if "\n" in text else text
+
+
 def _table(rows: list[dict], columns: list[str]) -> None:
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
     for row in cells:
@@ -355,8 +361,11 @@ def cmd_jobs_resume(args: argparse.Namespace) -> int:
     now = utcnow()
     job = store.get_job(args.name)
     values = jobspec.with_next_run_at({**job, "status": "Active"}, now)
-    store.update_job(args.name, {"status": "Active", "next_run_at": values["next_run_at"]}, now)
-    print(f"job {args.name!r} active; next run {_fmt(values['next_run_at'])}")
+    store.update_job(args.name, {"status": values["status"], "next_run_at": values["next_run_at"]}, now)
+    if values["status"] == "Expired":
+        print(f"job {args.name!r} expired: its end_at {_fmt(job['end_at'])} has passed")
+    else:
+        print(f"job {args.name!r} active; next run {_fmt(values['next_run_at'])}")
     return EXIT_OK
 
 
@@ -389,7 +398,8 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if run_id is None:
         current = store.get_job(args.name)
-        holder = (f"lease held by {current['locked_by_instance']} until {_fmt(current['expected_completion_at'])}"
+        holder = (f"its run holds the lease, taken by supervisor {current['locked_by_instance']} at "
+                  f"{_fmt(current['locked_at'])}"
                   if current["locked_by_instance"] else "its run ended just now; try again")
         print(f"error: job {args.name!r} is already running ({holder}); concurrency_mode "
               f"{job['concurrency_mode']} refuses a second run", file=sys.stderr)
@@ -399,7 +409,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
         _print_json(run)
     else:
         print(f"run {run_id}: {run['status']} in {run['duration_ms'] or 0:.0f} ms"
-              + (f": {run['error_message']}" if run["error_message"] else ""))
+              + (f": {_cell(run['error_message'])}" if run["error_message"] else ""))
     return EXIT_OK if run["status"] == "Completed" else EXIT_FAILED
 
 

@@ -113,7 +113,8 @@ def schedule_fields_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
-    """Add ``next_run_at`` for an Active job (None otherwise, and for one past its end_at).
+    """Add ``next_run_at`` for an Active job (None otherwise). An Active job with no occurrence before its
+    ``end_at`` becomes ``Expired`` at once, as the supervisor would make it (the reference leaves it Active).
     Raises :class:`InputError` when no occurrence can be computed: naming ``start_at`` when one is set
     (e.g. year 9999), else ``cron_expression`` (e.g. ``0 0 30 2 *``, February 30th)."""
     active = values.get("status") == "Active"
@@ -124,6 +125,8 @@ def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]
         if values.get("start_at"):
             raise InputError("start_at", f"no occurrence can be computed from it ({detail})") from None
         raise InputError("cron_expression", f"never fires: no occurrence can be computed ({detail})") from None
+    if active and values["next_run_at"] is None:
+        values["status"] = "Expired"
     return values
 
 

@@ -163,6 +163,15 @@ def test_a_plugin_ending_its_worker_at_import_is_reported_not_fatal_to_the_cli(c
     cli("jobs", "add", "j", "--type", "ok", "--cron", "0 0 1 1 *", "--plugins", str(plugins))
 
 
+def test_a_job_whose_end_at_has_passed_is_added_expired(cli):
+    out = cli("jobs", "add", "late", "--type", "ok", "--cron", "* * * * *", "--end-at", "2020-01-01T00:00:00Z").stdout
+    assert "added (Expired)" in out
+    job = json.loads(cli("jobs", "show", "late", "--json").stdout)
+    assert (job["status"], job["next_run_at"]) == ("Expired", None)
+    assert "expired" in cli("jobs", "resume", "late").stdout
+    assert json.loads(cli("jobs", "show", "late", "--json").stdout)["status"] == "Expired"
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "mjsched"
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
