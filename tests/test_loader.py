@@ -14,7 +14,7 @@ from mjsched_isolated.loader import load_plugins
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
 FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute", "report_state", "gil_hog",
-                 "big_details", "fancy_notice", "bad_notice", "leak", "awkward"}
+                 "big_details", "fancy_notice", "bad_notice", "leak", "awkward", "leave_behind"}
 
 
 @pytest.fixture(autouse=True)
