@@ -210,8 +210,12 @@ def test_supervisors_started_together_on_an_empty_database_all_come_up(name, tmp
     jobs_file.write_text("".join(f'[[jobs]]\nname = "j{i}"\njob_type = "ok"\ncron_expression = "* * * * * *"\n\n'
                                  for i in range(8)))
     with isolated_database(name, tmp_path) as url:
-        sups = [Serve(url, "--jobs", str(jobs_file), "--run-for", "3") for _ in range(4)]
+        sups = [Serve(url, "--jobs", str(jobs_file), "--max-concurrent-jobs", "2") for _ in range(4)]
         try:
+            for s in sups:  # each comes up (however loaded the machine) and takes part
+                s.wait_for(r"run \d+ finished: job j\d", timeout_s=60)
+            for s in sups:
+                s.proc.send_signal(signal.SIGTERM)
             for s in sups:
                 assert s.proc.wait(60) == 0, "".join(s.output[-20:])
         finally:
