@@ -44,8 +44,11 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
     monotonic time after which the supervisor's lease can no longer be trusted (see :mod:`liveness`).
     ``skip_modules``: plugin files not to import (an earlier child died importing them) -> why."""
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the supervisor's decision
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Shutdown is the supervisor's decision: a Ctrl-C or a SIGTERM sent to the whole process tree (systemd's
+    # default KillMode=control-group) must not end a run the supervisor is draining. SIGTERM gets a no-op
+    # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _ignore_signal)
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = _start_watchdog(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logs.configure(log_level, log_format, worker_pid=os.getpid())
@@ -190,6 +193,10 @@ class _State:
             os.environ.clear()
             os.environ.update(self.environ)
         os.umask(self.umask)
+
+
+def _ignore_signal(_signum: int, _frame: object) -> None:
+    """SIGTERM in a worker: nothing to do (the supervisor decides; it kills with SIGKILL)."""
 
 
 def _kill_leftovers(watchdog_pid: int, req: protocol.RunRequest) -> list[int]:

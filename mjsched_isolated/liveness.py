@@ -43,7 +43,8 @@ class Liveness:
         self.registered = False
         self.valid_until = float("-inf")  # monotonic
         self.next_renew = 0.0  # monotonic
-        self.db_offset = dt.timedelta(0)
+        self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
+        self._offset_measured = False
         self.failing_since: float | None = None
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
@@ -83,13 +84,26 @@ class Liveness:
         if self.on_renewal is not None:
             self.on_renewal(None)
         elapsed = time.monotonic() - started
-        self.db_offset = db_now - (local_before + dt.timedelta(seconds=elapsed / 2))
+        self._measure_offset(db_now, local_before, elapsed)
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:
             log.warning("supervisor %s: lease renewed again after %.1f s", self.instance, mono - self.failing_since)
             self.failing_since = None
         return True
+
+    def _measure_offset(self, db_now: dt.datetime, local_before: dt.datetime, elapsed_s: float) -> None:
+        """The database read ``db_now`` somewhere within the round trip, so the true offset lies in
+        ``[db_now - local_after, db_now - local_before]``. The estimate moves (to that interval's middle) only
+        when it falls outside: a slow renewal (a lock wait, a stalled server) widens the interval and leaves
+        a good estimate alone instead of shifting it by up to half the round trip, which the supervisor
+        would take for a clock jump. A real step of either clock moves it at the next renewal."""
+        latest = db_now - local_before  # the database read its clock no earlier than local_before
+        earliest = latest - dt.timedelta(seconds=elapsed_s)
+        if self._offset_measured and earliest <= self.db_offset <= latest:
+            return
+        self.db_offset = earliest + (latest - earliest) / 2
+        self._offset_measured = True
 
     def stop(self) -> None:
         """End the lease now (clean shutdown), so other supervisors need not wait for it."""

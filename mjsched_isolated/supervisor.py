@@ -205,7 +205,12 @@ class Supervisor:
         return 0
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._signals += 1  # only a flag: the loop acts on it (logging is not signal-safe)
+        """Count SIGTERM/SIGINT (only a flag: the loop acts on it; logging is not signal-safe). A signal
+        arriving before the loop has acted on the first one counts once with it: `timeout` and
+        process-group kills deliver one stop request twice, and a second signal means "kill at once"."""
+        if self._signals and self.accepting:
+            return
+        self._signals += 1
 
     # -- one step of decisions at a given time --------------------------------------------------------
     def step(self, now: dt.datetime, mono: float) -> dt.datetime:

@@ -64,6 +64,20 @@ def test_the_liveness_lease_is_renewed_while_draining(store, serve):
     assert (run["status"], run["error_message"]) == ("Completed", None), "".join(s.output[-20:])
 
 
+def test_sigterm_to_the_whole_process_tree_still_drains(store, serve):
+    """systemd's default KillMode=control-group sends SIGTERM to every process of the service: workers
+    must leave the decision to the supervisor, which lets the run finish."""
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 2.0}))
+    s = serve("--shutdown-timeout-s", "60")
+    run_id = int(s.wait_for(r"run (\d+) started: job slow").group(1))
+    tree = [psutil.Process(s.proc.pid), *psutil.Process(s.proc.pid).children(recursive=True)]
+    for proc in tree:
+        proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(30) == 0
+    run = store.get_run(run_id)
+    assert (run["status"], run["error_message"]) == ("Completed", None), "".join(s.output[-20:])
+
+
 def test_second_signal_kills_at_once(store, serve, tmp_path):
     add_job(store, "stuck", "hang", "0 0 1 1 *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
     s = serve("--shutdown-timeout-s", "300")

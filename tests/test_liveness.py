@@ -1,0 +1,48 @@
+"""The liveness lease's measurement of the database clock offset (a real SQLite store)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from mjsched_isolated.liveness import Liveness
+from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor import utcnow
+
+
+class SlowStore(Store):
+    """A real store whose renewal answers ``delay_s`` after the database read its clock (a lock wait, a
+    stalled server)."""
+
+    delay_s = 0.0
+
+    def renew_supervisor(self, instance: str, ttl_s: float):
+        db_now = super().renew_supervisor(instance, ttl_s)
+        time.sleep(self.delay_s)  # latency of the answer, not synchronisation
+        return db_now
+
+
+def _liveness(tmp_path, clock):
+    store = SlowStore.open(f"sqlite:///{tmp_path / 'l.db'}")
+    return store, Liveness(store, "host-1", ttl_s=30, renew_interval_s=0.0, local_clock=clock)
+
+
+def test_a_slow_renewal_does_not_move_a_good_offset(tmp_path):
+    store, lease = _liveness(tmp_path, utcnow)
+    assert lease.maintain(time.monotonic())
+    first = lease.db_offset
+    assert abs(first) < dt.timedelta(seconds=0.1)  # SQLite's clock is this machine's
+    store.delay_s = 0.6
+    assert lease.maintain(time.monotonic())
+    assert lease.db_offset == first  # the measurement cannot tell it apart: the estimate stays
+    store.close()
+
+
+def test_a_stepped_clock_moves_the_offset_at_the_next_renewal(tmp_path):
+    skew = [dt.timedelta(0)]
+    store, lease = _liveness(tmp_path, lambda: utcnow() + skew[0])
+    assert lease.maintain(time.monotonic())
+    skew[0] = dt.timedelta(seconds=90)  # the local clock is stepped 90 s ahead
+    assert lease.maintain(time.monotonic())
+    assert abs(lease.db_offset + dt.timedelta(seconds=90)) < dt.timedelta(seconds=0.1)
+    store.close()
