@@ -45,6 +45,7 @@ class Liveness:
         self.next_renew = 0.0  # monotonic
         self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
         self._offset_measured = False
+        self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
@@ -85,6 +86,11 @@ class Liveness:
             self.on_renewal(None)
         elapsed = time.monotonic() - started
         self._measure_offset(db_now, local_before, elapsed)
+        if self._last_renewed is not None and started - self._last_renewed > self.ttl_s:
+            log.warning("supervisor %s: renewed its lease %.1f s after the previous renewal, longer than the "
+                        "%g s TTL (was it frozen or cut off?): other supervisors may have abandoned its runs "
+                        "meanwhile", self.instance, started - self._last_renewed, self.ttl_s)
+        self._last_renewed = started
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:

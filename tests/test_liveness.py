@@ -46,3 +46,15 @@ def test_a_stepped_clock_moves_the_offset_at_the_next_renewal(tmp_path):
     assert lease.maintain(time.monotonic())
     assert abs(lease.db_offset + dt.timedelta(seconds=90)) < dt.timedelta(seconds=0.1)
     store.close()
+
+
+def test_a_renewal_after_more_than_a_ttl_says_runs_may_have_been_abandoned(tmp_path, caplog):
+    store, lease = _liveness(tmp_path, utcnow)
+    lease.ttl_s = 0.05
+    assert lease.maintain(time.monotonic())
+    store.delay_s = 0.1  # this renewal's answer comes late; the one after starts more than a TTL later
+    assert lease.maintain(time.monotonic())
+    store.delay_s = 0.0
+    assert lease.maintain(time.monotonic())
+    assert "longer than the 0.05 s TTL" in caplog.text
+    store.close()
