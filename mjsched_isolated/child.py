@@ -200,12 +200,13 @@ def _ignore_signal(_signum: int, _frame: object) -> None:
 
 
 def _kill_leftovers(watchdog_pid: int, req: protocol.RunRequest) -> list[int]:
-    """Kill what a finished run left running: this worker's descendants and the members of its process
-    group (a daemonised subprocess re-parented to init stays in the group), except the watchdog. A run may
-    not leave work behind in a reused worker (systemd's ``KillMode=control-group`` for a timer's service
-    does the same). A process that started its own session and was re-parented escapes. Returns the pids."""
+    """Kill what a finished run left running: this worker's descendants and the members of its session (a
+    daemonised subprocess re-parented to init stays in it, even in a process group of its own), except the
+    watchdog. A run may not leave work behind in a reused worker (systemd's ``KillMode=control-group`` for
+    a timer's service does the same). Only a process that started its own session and was re-parented
+    escapes. Returns the pids."""
     me = os.getpid()
-    found = [pid for pid in _group_and_descendants(me) if pid != watchdog_pid]
+    found = [pid for pid in _session_and_descendants(me) if pid != watchdog_pid]
     killed: list[psutil.Process] = []
     for pid in found:
         try:
@@ -219,14 +220,22 @@ def _kill_leftovers(watchdog_pid: int, req: protocol.RunRequest) -> list[int]:
             continue
         killed.append(proc)
         log.warning("run %d of job %s left process %d running (%s); killed", req.run_id, req.job_name, pid, what)
-    if killed:
-        psutil.wait_procs(killed, timeout=1.0)  # reaps our own children (no zombies pile up in the worker)
+    mine = [p for p in killed if _ppid(p) == me]  # others are init's to reap: waiting on them would stall
+    if mine:
+        psutil.wait_procs(mine, timeout=1.0)  # reaps our own children (no zombies pile up in the worker)
     return [p.pid for p in killed]
 
 
-def _group_and_descendants(leader: int) -> set[int]:
-    """Pids (other than ``leader``) in ``leader``'s process group or below it: one pass over /proc's
-    ``stat`` files (about 1 ms for a hundred processes), psutil where there is no /proc."""
+def _ppid(proc: psutil.Process) -> int | None:
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
+
+
+def _session_and_descendants(leader: int) -> set[int]:
+    """Pids (other than ``leader``) in the session ``leader`` leads, or below it: one pass over /proc's
+    ``stat`` files (a millisecond or two for a hundred processes), psutil where there is no /proc."""
     parents: dict[int, int] = {}
     found: set[int] = set()
     try:
@@ -237,7 +246,7 @@ def _group_and_descendants(leader: int) -> set[int]:
         for proc in psutil.process_iter(["ppid"]):
             parents[proc.pid] = proc.info["ppid"] or 0
             try:
-                if os.getpgid(proc.pid) == leader:
+                if os.getsid(proc.pid) == leader:
                     found.add(proc.pid)
             except OSError:
                 pass
@@ -250,7 +259,7 @@ def _group_and_descendants(leader: int) -> set[int]:
                 continue
             pid = int(name)
             parents[pid] = int(fields[1])
-            if int(fields[2]) == leader:
+            if int(fields[3]) == leader:  # state ppid pgrp session ...
                 found.add(pid)
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():

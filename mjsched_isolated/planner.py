@@ -104,8 +104,9 @@ def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime,
         return found, True
 
     window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
+    backlog_s = (now - not_before).total_seconds()
     while True:  # widen until the window holds n occurrences (or reaches not_before)
-        start = max(now - dt.timedelta(seconds=window_s), not_before)
+        start = not_before if window_s >= backlog_s else now - dt.timedelta(seconds=window_s)
         found, complete = occurrences_since(start)
         if not complete:
             break

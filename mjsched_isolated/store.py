@@ -193,12 +193,26 @@ class Store:
         True if this call replaced it."""
         if self.dialect != "sqlite":
             return False
-        col = sa.type_coerce(jobs.c.next_run_at, sa.String)
-        unreadable = sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text",
-                            sa.not_(col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))))
         with self.engine.begin() as conn:
-            stmt = jobs.update().where(jobs.c.id == job_id, jobs.c.next_run_at.is_not(None), unreadable)
+            stmt = jobs.update().where(jobs.c.id == job_id, self._unreadable_next_run_at())
             return conn.execute(stmt.values(next_run_at=next_run_at)).rowcount == 1
+
+    def unreadable_next_run_at_jobs(self) -> list[Row]:
+        """Active jobs whose stored ``next_run_at`` cannot be read (SQLite only; see :meth:`repair_next_run_at`),
+        wherever it sorts: ISO text such as ``2026-12-01T00:00:00Z`` sorts after every real timestamp of that
+        day, so such a row would never come due."""
+        if self.dialect != "sqlite":
+            return []
+        query = sa.select(jobs).where(jobs.c.status == "Active", self._unreadable_next_run_at())
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    @staticmethod
+    def _unreadable_next_run_at():
+        col = sa.type_coerce(jobs.c.next_run_at, sa.String)
+        exact = col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
+        return sa.and_(jobs.c.next_run_at.is_not(None),
+                       sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text", sa.not_(exact)))
 
     # -- the lease ---------------------------------------------------------------------------------
     def _holder_alive(self, instance_column):

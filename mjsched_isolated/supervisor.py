@@ -293,12 +293,15 @@ class Supervisor:
         for run in abandoned:
             log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
                       extra={"job": run["job_name"], "run_id": run["id"]})
+        for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
+            if job["id"] not in self.bad_jobs:
+                self._repair_unreadable(job, now)
         for job in self.store.unscheduled_active_jobs():
             if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
                 continue
             try:
                 next_run_at = planner.initial_next_run_at(job, now)
-            except CronError as exc:
+            except (CronError, OverflowError, ValueError) as exc:  # a schedule no date arithmetic can follow
                 self._mark_bad(job, str(exc))
                 continue
             status = "Expired" if next_run_at is None else None
@@ -332,7 +335,7 @@ class Supervisor:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
                 return self._reschedule(job, planner.initial_next_run_at(job, now), now)
             decision = planner.decide(job, now, self.settings.max_catchup_runs)
-        except CronError as exc:
+        except (CronError, OverflowError, ValueError) as exc:  # one bad job must not stop the poll
             self._mark_bad(job, str(exc))
             return False
         next_run_at = decision.next_run_at
@@ -378,7 +381,7 @@ class Supervisor:
         """Give a job whose stored ``next_run_at`` cannot be read a fresh one from ``now`` (logged)."""
         try:
             next_run_at = planner.initial_next_run_at(job, now)
-        except CronError as exc:
+        except (CronError, OverflowError, ValueError) as exc:
             self._mark_bad(job, str(exc))
             return False
         if self.store.repair_next_run_at(job["id"], next_run_at):

@@ -104,6 +104,7 @@ def _brute_nth_latest(cron, zone, now, n, not_before):
     ("30 2 * * *", "Europe/Berlin", 60, 20),   # across a DST change
     ("* * * * *", "UTC", 1, 5),
     ("0 0 29 2 *", "UTC", 3000, 1),
+    ("0 0 29 2 *", "UTC", 2500, 1000),  # n x the interval reaches back before year 1: must not overflow
 ])
 def test_nth_latest_occurrence_matches_enumeration_even_for_uneven_schedules(cron, zone, down_days, n):
     """The bound must hold however unevenly a schedule fires: a window that jumps over a dense stretch is

@@ -244,13 +244,17 @@ def test_unreadable_next_run_at_is_repaired_not_fatal_to_the_poll(store, driver_
     (which the compare-and-set could never match) in next_run_at. Each is logged and rescheduled; the
     other jobs keep running."""
     add_job(store, "good", "ok", "* * * * * *")
-    for name, raw in (("number", 1700000000), ("iso", "2026-11-29T10:00:00Z"), ("short", "2020-01-01 10:00:00")):
+    tomorrow = (utcnow() + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")  # sorts after every real due time
+    bad = (("number", 1700000000), ("iso", "2026-11-29T10:00:00Z"), ("short", "2020-01-01 10:00:00"),
+           ("garbage", "garbage"), ("future_iso", tomorrow))
+    for name, raw in bad:
         job = add_job(store, name, "ok", "* * * * * *")
         with store.engine.begin() as conn:
             conn.execute(sa.text("UPDATE jobs SET next_run_at = :raw WHERE id = :id"), {"raw": raw, "id": job["id"]})
     d = driver_factory(max_concurrent_jobs=1)
-    d.until(lambda: all(store.get_job(n)["success_count"] >= 1 for n in ("good", "number", "iso", "short")), 30)
-    for name in ("number", "iso", "short"):
+    names = ["good"] + [name for name, _ in bad]
+    d.until(lambda: all(store.get_job(n)["success_count"] >= 1 for n in names), 30)
+    for name, _ in bad:
         assert f"job {name}: its next_run_at could not be read" in caplog.text
     assert "poll failed" not in caplog.text
 

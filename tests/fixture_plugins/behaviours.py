@@ -265,4 +265,8 @@ class LeaveBehind(BaseScheduledJob):
             [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
              "'import time; time.sleep(100000)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
              "print(p.pid)"], capture_output=True, text=True, check=True)
-        return ScheduledJobResult(success=True, details={"pids": [child.pid, int(daemon.stdout)]})
+        grouped = subprocess.run(  # the same, but the sleeper moves to a process group of its own
+            [sys.executable, "-c", "import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(100000)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, "
+             "process_group=0); print(p.pid)"], capture_output=True, text=True, check=True)
+        return ScheduledJobResult(success=True, details={"pids": [child.pid, int(daemon.stdout), int(grouped.stdout)]})
