@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -255,9 +256,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # terminal escapes and the like (not tab or newline)
+
+
 def _cell(value: Any) -> str:
-    """A table cell: one line (a multi-line error shows its lines joined by " | ")."""
-    text = _fmt(value)
+    """A table cell: one line (a multi-line error shows its lines joined by " | "), tabs as spaces, and no
+    control characters (a plugin's ANSI colour codes must not repaint the terminal)."""
+    text = _CONTROL.sub("?", _fmt(value).replace("\t", " "))
     return " | ".join(line.strip() for line in text.splitlines() if line.strip()) if "\n" in text else text
 
 

@@ -24,12 +24,14 @@ class PluginReport:
 def inspect_plugins(plugins_dir: str, checks: list[tuple[str, str | None]] = (), timeout_s: float = 30.0) -> PluginReport:
     """Start one worker on ``plugins_dir``, wait for its Ready, and validate each ``(job_type,
     configuration JSON)`` in ``checks``. ``errors[i]`` is None or a one-line message naming the field.
-    Raises ``TimeoutError`` if the child does not answer within ``timeout_s`` (a plugin hanging at import),
+    Raises ``TimeoutError`` if no child answers within ``2 * timeout_s + 10`` (a worker whose import hangs
+    past ``timeout_s`` is killed and the module left out, once),
     :class:`WorkerError` if it dies for a reason other than a plugin module ending it at import (such a
     module is left out and reported in ``failures``; a fresh child answers).
     """
     pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s)
-    deadline = time.monotonic() + timeout_s
+    # a worker stuck importing is killed at timeout_s and its module left out: leave time for a second one
+    deadline = time.monotonic() + 2 * timeout_s + 10
     try:
         pool.start()
         while not pool.idle_workers():

@@ -25,6 +25,9 @@ from .api import BaseScheduledJob
 from .protocol import LoadFailure, PluginInfo
 
 
+IMPORT_TIMED_OUT = "import did not finish within"  # how a timed-out import's failure begins (the pool reads it)
+
+
 class Registry:
     """Job types loaded from one plugins folder: ``classes`` by job_type, plus ``failures``."""
 
@@ -85,7 +88,7 @@ def _import_with_timeout(path: Path, timeout_s: float):
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        return None, f"import did not finish within {timeout_s:g} s (does the module hang at import?)"
+        return None, f"{IMPORT_TIMED_OUT} {timeout_s:g} s (does the module hang at import?)"
     return outcome.get("module"), outcome.get("error")
 
 

@@ -25,6 +25,7 @@ import psutil
 
 from . import child, protocol
 from .errors import ProtocolError
+from .loader import IMPORT_TIMED_OUT
 from .recycling import recycle_reason
 
 log = logging.getLogger("mjsched.pool")
@@ -195,6 +196,9 @@ class Pool:
                 if isinstance(message, protocol.Ready):
                     worker.importing = None
                     worker.ready = message
+                    for failure in message.failures:  # a hung import thread may still end the worker later
+                        if failure.error.startswith(IMPORT_TIMED_OUT) and failure.module not in self.fatal_modules:
+                            self.fatal_modules[failure.module] = failure.error + "; left out of later workers"
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:
@@ -229,7 +233,7 @@ class Pool:
         module = worker.importing if worker.ready is None else None
         if module is None:
             return None
-        self.fatal_modules[module] = f"{why}; it is left out until the supervisor restarts"
+        self.fatal_modules[module] = f"{why}; it is left out of later workers of this process"
         log.error("plugin module %s: %s; its job types are unavailable, the others load without it",
                   module, why)
         return module
@@ -273,7 +277,7 @@ class Pool:
             worker.conn.close()
         self._retiring = still
 
-    def _vacate(self, worker: Worker, died_before_ready: bool) -> None:
+    def _vacate(self, worker: Worker, died_before_ready: bool, maintain: bool = True) -> None:
         slot = worker.slot
         self.workers[slot] = None
         if died_before_ready:
@@ -281,13 +285,16 @@ class Pool:
             log.error("worker slot %d: child %d exited before it was ready (exit code %s); retrying in %.0f s",
                       slot, worker.pid, worker.process.exitcode, self._backoff_s[slot])
         self._respawn_at[slot] = time.monotonic() + self._backoff_s[slot]
-        self._maintain()
+        if maintain:  # refill at once (unless _maintain itself is the caller)
+            self._maintain()
 
     def _maintain(self) -> None:
         now = time.monotonic()
         if self._retiring:
             self._reap_retiring(now)
-        for slot, worker in list(self.workers.items()):
+        vacated = False
+        for slot in list(self.workers):
+            worker = self.workers[slot]
             if worker is None and self.refill and now >= self._respawn_at[slot]:
                 self._spawn(slot)
                 self.respawns += 1
@@ -301,7 +308,10 @@ class Pool:
                 worker.conn.close()
                 culprit = self._blame_import(
                     worker, f"its import had not finished after {self.ready_timeout_s:g} s (the worker was killed)")
-                self._vacate(worker, died_before_ready=culprit is None)
+                self._vacate(worker, died_before_ready=culprit is None, maintain=False)
+                vacated = True
+        if vacated:
+            self._maintain()  # refill what was just vacated (a second pass kills nothing new)
 
     def _next_maintenance_in(self) -> float:
         now = time.monotonic()

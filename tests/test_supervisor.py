@@ -271,6 +271,58 @@ def test_processes_a_run_leaves_behind_are_killed_when_it_ends(store, driver_fac
     assert _runs(store, "after")[0]["status"] == "Completed"
 
 
+GIL_FOREVER = "import collections, itertools\ncollections.deque(itertools.repeat(1), maxlen=0)\n"  # one C call
+
+
+def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(store, db_url, tmp_path):
+    """The import thread's timeout cannot fire while a C call holds the GIL: the pool kills the worker at
+    its ready timeout, blames the module it was importing, and the next workers load without it (two
+    workers timing out together each get exactly one replacement)."""
+    from conftest import Driver
+    from mjsched_isolated.inspection import inspect_plugins
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "gil.py").write_text(GIL_FOREVER)
+    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    report = inspect_plugins(str(plugins), timeout_s=2)  # the CLI's checks: answered by a second worker
+    assert "ok" in {p.job_type for p in report.plugins} and [f.module for f in report.failures] == ["gil.py"]
+    d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=2, max_concurrent_jobs=2)
+    try:
+        d.start()
+        failures = {f.module: f.error for f in d.pool.last_ready.failures}
+        assert "had not finished after 2 s" in failures["gil.py"]
+        workers = [w for w in d.pool.workers.values() if w is not None]
+        assert len(workers) == 2 and all(w.process.is_alive() for w in workers)
+        add_job(store, "fine-job", "ok", "0 0 1 1 *")
+        d.until(_finished(store, "fine-job"))
+        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+    finally:
+        d.close()
+
+
+def test_an_import_that_timed_out_is_not_tried_again_by_later_workers(store, db_url, tmp_path):
+    """The import thread was given up, but it goes on and later ends the worker: its replacement must not
+    import that module again (it would lose another timeout, and die again)."""
+    from conftest import Driver
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "late_exit.py").write_text("import os, time\ntime.sleep(2)\nos._exit(5)\n")
+    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    d = Driver(store, db_url, plugins_dir=str(plugins), plugin_import_timeout_s=0.3, max_concurrent_jobs=1)
+    try:
+        d.start()
+        first = d.pool.workers[0]
+        d.until(lambda: d.pool.workers[0] is not first and d.pool.workers[0] is not None
+                and d.pool.workers[0].ready is not None, 20)  # the first worker died (exit 5), replaced
+        failures = {f.module: f.error for f in d.pool.workers[0].ready.failures}
+        assert "left out of later workers" in failures["late_exit.py"]
+        add_job(store, "fine-job", "ok", "0 0 1 1 *")
+        d.until(_finished(store, "fine-job"))
+        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+    finally:
+        d.close()
+
+
 def test_worker_state_changed_by_a_plugin_does_not_leak_into_the_next_run(store, driver_factory, tmp_path):
     d = driver_factory(max_concurrent_jobs=1)
     add_job(store, "polluter", "pollute", "0 0 1 1 *")
