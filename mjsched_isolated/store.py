@@ -229,13 +229,14 @@ class Store:
     def claim(self, job: Row, *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
               scheduled_at: dt.datetime | None = None, queued_at: dt.datetime | None = None,
-              status: str | None = None) -> Claim | None:
+              status: str | None = None, only_free_lease: bool = False) -> Claim | None:
         """Claim the occurrence ``job["next_run_at"]`` (or a manual run when ``scheduled_at`` is None and
         ``next_run_at`` is ``job["next_run_at"]``) and insert its Running run row, atomically.
 
         With ``take_lease`` the job's lease must be free or expired (DB clock) and becomes this run's for
-        ``lease_s`` seconds with a fresh random token. Returns None if another holder has the lease or
-        the occurrence was already claimed (``next_run_at`` changed since it was read).
+        ``lease_s`` seconds with a fresh random token; ``only_free_lease``: a lease held by anyone, even one
+        that looks expired, is not taken. Returns None if another holder has the lease or the occurrence
+        was already claimed (``next_run_at`` changed since it was read).
         """
         token = uuid.uuid4().hex if take_lease else None
         seen = job["next_run_at"]
@@ -244,7 +245,7 @@ class Store:
         if status is not None:
             values.update(status=status, updated_at=now)
         if take_lease:
-            conds.append(self._lease_free())
+            conds.append(jobs.c.lock_token.is_(None) if only_free_lease else self._lease_free())
             values.update(lock_token=token, locked_at=schema.db_now(self.dialect), locked_by_instance=instance,
                           expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
         try:

@@ -94,6 +94,7 @@ class Supervisor:
         self._signals = 0
         self._last_clock: tuple[dt.datetime, float] | None = None  # (local wall clock, monotonic)
         self._last_step_clock: tuple[dt.datetime, float] | None = None  # (database time, monotonic)
+        self.takeover_hold_until: dt.datetime | None = None  # database time; see follow_time_jump
         self.notifier: Notifier | None = None  # the notification sender, started by serve
         self.on_delivery_failure = self.metrics.notification_failed  # callable(channel: str), for the sender
 
@@ -108,8 +109,11 @@ class Supervisor:
         from the monotonic one (a step, or a machine waking from suspend) makes the next step re-measure the
         database clock at once."""
         local, mono = self.local_now(), time.monotonic()
-        self.notice_clock_jump(local, mono)
-        return local + self.liveness.db_offset, mono
+        if self.notice_clock_jump(local, mono) and self.liveness.registered:
+            self.keep_lease(local + self.liveness.db_offset, mono)  # re-measure the database clock now
+        now = local + self.liveness.db_offset
+        self.follow_time_jump(now, mono)  # results and heartbeats before the next step are timed in the new frame
+        return now, mono
 
     def notice_clock_jump(self, local: dt.datetime, mono: float) -> bool:
         """True (and a renewal forced) if the wall clock jumped by more than 1 s against the monotonic one."""
@@ -129,7 +133,10 @@ class Supervisor:
         in-flight run keeps the time it had left (its deadline, run row and job lease are moved by the
         jump, token-checked), the shutdown bound likewise, and the rescan and pruning timers restart. So a
         forward step never kills a run for time it did not use, and a backward step neither stretches a
-        deadline nor stops the sweep. Returns the jump in seconds (0.0 when under 1 s)."""
+        deadline nor stops the sweep. After a forward jump every lease in the database looks older by the
+        jump, so for one renewal interval (plus a poll) this supervisor neither abandons other supervisors'
+        runs nor takes a lease that is not free (:meth:`_holding_takeovers`). Returns the jump in seconds
+        (0.0 when under 1 s)."""
         previous, self._last_step_clock = self._last_step_clock, (now, mono)
         if previous is None:
             return 0.0
@@ -141,8 +148,17 @@ class Supervisor:
         self.pruner.next_pass_at = None if self.pruner.next_pass_at is None else self.pruner.next_pass_at + shift
         if self.drain_deadline is not None:
             self.drain_deadline += shift
+        if self.takeover_hold_until is not None:
+            self.takeover_hold_until += shift
+        if jump_s > 0:  # every lease now looks older by the jump: let their holders renew before taking any
+            self.takeover_hold_until = now + dt.timedelta(
+                seconds=self.settings.lease_renew_interval_s + self.settings.rescan_interval_s + 1.0)
+            log.warning("time jumped %+.1f s: no lease of another supervisor is taken and no run abandoned "
+                        "until %s, so that live supervisors can renew theirs first", jump_s,
+                        _iso(self.takeover_hold_until))
         for flight in self.inflight.values():
             flight.deadline += shift
+            flight.started_at += shift
             if flight.last_extended is not None:
                 flight.last_extended += shift
             lease_s = max(0.0, (flight.deadline - now).total_seconds()) + self.settings.lease_ttl_s
@@ -154,6 +170,10 @@ class Supervisor:
             log.warning("time jumped %+.1f s against the monotonic clock; %d in-flight run(s) keep the time "
                         "they had left", jump_s, len(self.inflight))
         return jump_s
+
+    def _holding_takeovers(self, now: dt.datetime) -> bool:
+        """True for a short while after a forward time jump (see :meth:`follow_time_jump`)."""
+        return self.takeover_hold_until is not None and now < self.takeover_hold_until
 
     # -- the outer loop ------------------------------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
@@ -286,8 +306,8 @@ class Supervisor:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         self._warn_high_frequency(now)
-        abandoned = self.store.abandon_orphaned_runs(exclude_run_ids=set(self.inflight),
-                                                     notice_channels=self.settings.notifications.channels())
+        abandoned = [] if self._holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notice_channels=self.settings.notifications.channels())
         if abandoned:
             self._wake_sender()
         for run in abandoned:
@@ -405,6 +425,7 @@ class Supervisor:
             job, now=now, next_run_at=next_run_at, instance=self.settings.instance,
             lease_s=timeout_s + self.settings.lease_ttl_s,
             deadline_at=deadline, take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
+            only_free_lease=self._holding_takeovers(now),
             queued_at=planner.queued_at(job, scheduled_at),
             status="Expired" if next_run_at is None and scheduled_at is not None else None)
         if claim is None:

@@ -264,6 +264,29 @@ def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(store, dr
     assert abs(flight.deadline + dt.timedelta(hours=1) - before) < dt.timedelta(seconds=2)  # same time left
 
 
+def test_after_a_forward_jump_other_supervisors_leases_are_left_alone_until_they_could_renew(store, driver_factory):
+    """After a forward step of the shared database clock every lease looks expired, the live ones too: a
+    supervisor that noticed the jump must give the others one renewal interval before it abandons their
+    runs or takes their job leases (a fresh-user audit saw a healthy run abandoned and fenced)."""
+    d = driver_factory(lease_renew_interval_s=2.0, rescan_interval_s=0.5)
+    sup = d.supervisor
+    store.register_supervisor("other-host-1", "other", 1, -10.0)  # its lease "looks" expired, as after the jump
+    job = add_job(store, "theirs", "ok", "* * * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
+    claim = store.claim(job, now=utcnow(), next_run_at=job["next_run_at"] + dt.timedelta(seconds=1),
+                        instance="other-host-1", lease_s=600, deadline_at=utcnow() + dt.timedelta(minutes=10),
+                        scheduled_at=job["next_run_at"])
+    now, mono = sup.read_clock()
+    sup.step(now, mono)
+    jumped = job["next_run_at"] + dt.timedelta(seconds=2)  # its next occurrence is due, its lease is held
+    sup.step(jumped, mono + 0.5)
+    assert sup.takeover_hold_until == jumped + dt.timedelta(seconds=3.5)
+    sup.step(jumped + dt.timedelta(seconds=1), mono + 1.5)
+    assert store.get_run(claim.run_id)["status"] == "Running"  # not abandoned during the hold
+    assert [r["id"] for r in store.list_runs(job_name="theirs")] == [claim.run_id]  # its lease not taken
+    sup.step(jumped + dt.timedelta(seconds=5), mono + 5.5)  # past the hold, and the holder never renewed
+    assert store.get_run(claim.run_id)["status"] == "Failed"
+
+
 def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(store, driver_factory):
     d = driver_factory()
     sup = d.supervisor
