@@ -228,15 +228,19 @@ def test_backward_step_never_suppresses_the_next_due_run(store, driver_factory):
     assert [r["scheduled_at"] for r in store.list_runs(job_name="hourly")] == [t + dt.timedelta(hours=1), t]
 
 
+def _one_slow_run_in_flight(d, store, seconds):
+    """Start one ``sleep`` run; return (its InFlight, its deadline, the supervisor's clock reading)."""
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": seconds}))
+    d.until(lambda: bool(d.supervisor.inflight))
+    (flight,) = d.supervisor.inflight.values()
+    return flight, flight.deadline, d.supervisor.read_clock()
+
+
 def test_forward_jump_keeps_in_flight_runs_alive_with_the_time_they_had_left(store, driver_factory):
     """A machine waking from suspend (or an NTP step forward) must not kill runs as Timeout for time they
     never used: each keeps its remaining time, in memory and in its run row and job lease."""
     d = driver_factory()
-    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 2}))
-    d.until(lambda: bool(d.supervisor.inflight))
-    (flight,) = d.supervisor.inflight.values()
-    before = flight.deadline
-    now, mono = d.supervisor.read_clock()
+    flight, before, (now, mono) = _one_slow_run_in_flight(d, store, 2)
     d.supervisor.step(now + dt.timedelta(hours=1), mono + 0.5)  # one hour of wall time, half a second lived
     assert flight.run_id in d.supervisor.inflight  # not killed
     moved = flight.deadline - before
@@ -249,11 +253,7 @@ def test_forward_jump_keeps_in_flight_runs_alive_with_the_time_they_had_left(sto
 
 def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(store, driver_factory):
     d = driver_factory()
-    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 30}))
-    d.until(lambda: bool(d.supervisor.inflight))
-    (flight,) = d.supervisor.inflight.values()
-    before = flight.deadline
-    now, mono = d.supervisor.read_clock()
+    flight, before, (now, mono) = _one_slow_run_in_flight(d, store, 30)
     d.supervisor.step(now, mono)
     # a job activated behind the supervisor's back (no next_run_at), then the wall clock is stepped back 1 h
     job = add_job(store, "activated", "ok", "0 0 1 1 *")

@@ -196,21 +196,32 @@ def test_supervisor_memory_keeps_nothing_of_killed_runs(store, driver_factory, t
     assert all(w is None or w.run is None for w in d.pool.workers.values())
 
 
-def test_plugin_hanging_at_import_costs_only_its_own_job_types(store, db_url, tmp_path):
-    from conftest import Driver
+def _plugins_dir(tmp_path, **modules: str) -> Path:
+    """A plugins folder with the fixture behaviours (as fine.py) and ``modules`` (file stem -> source)."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "stuck.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
-    (plugins / "spin.py").write_text("while True:\n    pass\n")  # holds the GIL as much as it can
     (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    for stem, source in modules.items():
+        (plugins / f"{stem}.py").write_text(source)
+    return plugins
+
+
+def _fine_job_runs(store, d) -> None:
+    add_job(store, "fine-job", "ok", "0 0 1 1 *")
+    d.until(_finished(store, "fine-job"))
+    assert _runs(store, "fine-job")[0]["status"] == "Completed"
+
+
+def test_plugin_hanging_at_import_costs_only_its_own_job_types(store, db_url, tmp_path):
+    from conftest import Driver
+    plugins = _plugins_dir(tmp_path, stuck="import time\nwhile True:\n    time.sleep(1)\n",
+                           spin="while True:\n    pass\n")  # spin holds the GIL as much as it can
     d = Driver(store, db_url, plugins_dir=str(plugins), plugin_import_timeout_s=0.5, max_concurrent_jobs=1)
     try:
         d.start()
         failures = {f.module: f.error for f in d.pool.last_ready.failures}
         assert set(failures) == {"stuck.py", "spin.py"} and "did not finish within 0.5 s" in failures["stuck.py"]
-        add_job(store, "fine-job", "ok", "0 0 1 1 *")
-        d.until(_finished(store, "fine-job"))
-        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+        _fine_job_runs(store, d)
     finally:
         d.close()
 
@@ -219,11 +230,8 @@ def test_plugin_ending_the_worker_at_import_costs_only_its_own_job_types(store, 
     """os._exit or a segfault at import ends the whole worker process, not just one import: the worker
     announced the module first, so the pool leaves it out of the next worker and the other types run."""
     from conftest import Driver
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "exits.py").write_text("import os\nos._exit(7)\n")
-    (plugins / "segv.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
-    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    plugins = _plugins_dir(tmp_path, exits="import os\nos._exit(7)\n",
+                           segv="import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     d = Driver(store, db_url, plugins_dir=str(plugins), max_concurrent_jobs=2)
     try:
         d.start()
@@ -232,9 +240,7 @@ def test_plugin_ending_the_worker_at_import_costs_only_its_own_job_types(store, 
         assert "ended the worker process (exit code 7)" in failures["exits.py"]
         assert "killed by signal SIGSEGV" in failures["segv.py"]
         assert "plugin module exits.py: importing it ended the worker process" in caplog.text
-        add_job(store, "fine-job", "ok", "0 0 1 1 *")
-        d.until(_finished(store, "fine-job"))
-        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+        _fine_job_runs(store, d)
     finally:
         d.close()
 
@@ -280,10 +286,7 @@ def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(
     workers timing out together each get exactly one replacement)."""
     from conftest import Driver
     from mjsched_isolated.inspection import inspect_plugins
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "gil.py").write_text(GIL_FOREVER)
-    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    plugins = _plugins_dir(tmp_path, gil=GIL_FOREVER)
     report = inspect_plugins(str(plugins), timeout_s=2)  # the CLI's checks: answered by a second worker
     assert "ok" in {p.job_type for p in report.plugins} and [f.module for f in report.failures] == ["gil.py"]
     d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=2, max_concurrent_jobs=2)
@@ -293,9 +296,7 @@ def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(
         assert "had not finished after 2 s" in failures["gil.py"]
         workers = [w for w in d.pool.workers.values() if w is not None]
         assert len(workers) == 2 and all(w.process.is_alive() for w in workers)
-        add_job(store, "fine-job", "ok", "0 0 1 1 *")
-        d.until(_finished(store, "fine-job"))
-        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+        _fine_job_runs(store, d)
     finally:
         d.close()
 
@@ -304,10 +305,7 @@ def test_an_import_that_timed_out_is_not_tried_again_by_later_workers(store, db_
     """The import thread was given up, but it goes on and later ends the worker: its replacement must not
     import that module again (it would lose another timeout, and die again)."""
     from conftest import Driver
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "late_exit.py").write_text("import os, time\ntime.sleep(2)\nos._exit(5)\n")
-    (plugins / "fine.py").write_text((Path(__file__).parent / "fixture_plugins" / "behaviours.py").read_text())
+    plugins = _plugins_dir(tmp_path, late_exit="import os, time\ntime.sleep(2)\nos._exit(5)\n")
     d = Driver(store, db_url, plugins_dir=str(plugins), plugin_import_timeout_s=0.3, max_concurrent_jobs=1)
     try:
         d.start()
@@ -316,9 +314,7 @@ def test_an_import_that_timed_out_is_not_tried_again_by_later_workers(store, db_
                 and d.pool.workers[0].ready is not None, 20)  # the first worker died (exit 5), replaced
         failures = {f.module: f.error for f in d.pool.workers[0].ready.failures}
         assert "left out of later workers" in failures["late_exit.py"]
-        add_job(store, "fine-job", "ok", "0 0 1 1 *")
-        d.until(_finished(store, "fine-job"))
-        assert _runs(store, "fine-job")[0]["status"] == "Completed"
+        _fine_job_runs(store, d)
     finally:
         d.close()
 
