@@ -33,7 +33,7 @@ from .errors import CronError
 from .errors import first_line as _short
 from .liveness import Liveness
 from .notifier import Notifier
-from .pool import ChildEvent, Pool, Worker
+from .pool import ChildEvent, Pool, Worker, describe_exit
 from .retention import Pruner
 from .store import Store, is_permanent_error
 
@@ -171,6 +171,15 @@ class Supervisor:
                         "they had left", jump_s, len(self.inflight))
         return jump_s
 
+    def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """Keep the liveness lease (a renewal re-measures the database clock, so ``now`` is corrected by the
+        offset's change) and follow a time jump. Returns the corrected ``now``."""
+        offset = self.liveness.db_offset
+        self.keep_lease(now, mono)
+        now += self.liveness.db_offset - offset
+        self.follow_time_jump(now, mono)
+        return now
+
     def _holding_takeovers(self, now: dt.datetime) -> bool:
         """True for a short while after a forward time jump (see :meth:`follow_time_jump`)."""
         return self.takeover_hold_until is not None and now < self.takeover_hold_until
@@ -237,10 +246,7 @@ class Supervisor:
         """Keep the liveness lease, record late results, enforce deadlines, rescan, dispatch. Returns when
         the loop must wake at the latest (next due time, deadline, renewal or rescan, whichever is first).
         ``now`` is database time; ``mono`` the monotonic clock (for the lease's local validity)."""
-        offset = self.liveness.db_offset
-        self.keep_lease(now, mono)
-        now += self.liveness.db_offset - offset  # a renewal re-measured the database clock
-        self.follow_time_jump(now, mono)
+        now = self._settle(now, mono)
         self.retry_pending(now)
         self.enforce_deadlines(now)
         if not self.accepting:
@@ -484,10 +490,7 @@ class Supervisor:
             return None
         while flight.run_id in self.inflight or self.pending:
             now, mono = self.read_clock()
-            offset = self.liveness.db_offset
-            self.keep_lease(now, mono)
-            now += self.liveness.db_offset - offset
-            self.follow_time_jump(now, mono)
+            now = self._settle(now, mono)
             self.retry_pending(now)
             self.enforce_deadlines(now)
             wake = self._wake(now, mono)
@@ -519,7 +522,7 @@ class Supervisor:
 
     def _on_death(self, event: ChildEvent, now: dt.datetime) -> None:
         code = event.exitcode
-        how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        how = describe_exit(code)
         flight = self.inflight.pop(event.run.run_id, None) if event.run is not None else None
         if flight is None:
             if event.culprit is None:  # the pool has already named a plugin module that killed it at import
