@@ -241,6 +241,9 @@ def _validate_configs(plugins_dir: str, specs: list[jobspec.JobSpec], prefix=lam
     for i, error in enumerate(report.errors):
         if error is not None:
             field, _, message = error.partition(": ")
+            if field == "job_type" and report.failures:  # the type may live in a module that did not load
+                message += "; plugin modules that failed to load: " + ", ".join(
+                    f.module for f in report.failures) + " (see `plugins list`)"
             raise InputError(f"{prefix(i)}{field}", message)
 
 

@@ -32,6 +32,7 @@ def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
 
 
 MISSED_RUN_POLICIES = ("Skip", "RunOnce", "RunAll")
+RUNALL_LOOKBACK = dt.timedelta(days=366)  # RunAll catches up at most a year of missed occurrences
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -64,8 +65,10 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
 
     RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
     RunAll: run the missed occurrences oldest first, one claim each, but only the newest
-    ``max_catchup_runs`` of them: a longer backlog is cut in one step (found by walking back from ``now``,
-    never by enumerating it). Raises :class:`CronError` for a bad cron or zone.
+    ``max_catchup_runs`` of them, and none older than :data:`RUNALL_LOOKBACK`: a longer backlog is cut in
+    one step (found by looking back from ``now``, never by enumerating it; the horizon keeps that look
+    short however sparse the schedule, e.g. a leap-day job left at year 4). Raises :class:`CronError` for
+    a bad cron or zone.
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
@@ -76,6 +79,10 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
         return Decision(run=False, next_run_at=_within_end(job, next_run_time(cron, zone, now)), missed=True)
     if advance == "Now":
         return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
+    horizon = now - RUNALL_LOOKBACK
+    if scheduled < horizon:  # older than any catch-up: start from the first occurrence within the horizon
+        first = next_run_time(cron, zone, horizon - _TICK)
+        return Decision(run=False, next_run_at=_within_end(job, first), missed=True, skipped_older=True)
     oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following)
     if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
         return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)

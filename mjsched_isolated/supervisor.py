@@ -366,8 +366,8 @@ class Supervisor:
             return False
         next_run_at = decision.next_run_at
         if not decision.run:
-            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); "
-                   f"catching up from {_iso(next_run_at)}" if decision.skipped_older
+            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
+                   f"than a year; catching up from {_iso(next_run_at)}" if decision.skipped_older
                    else "missed and missed_run_policy is Skip")
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True,
                                           notices=self._skip_notices(job, seen, "Missed", why)):

@@ -161,6 +161,8 @@ def test_a_plugin_ending_its_worker_at_import_is_reported_not_fatal_to_the_cli(c
     assert [f["module"] for f in report["failures"]] == ["exits.py"]
     assert "ended the worker process (exit code 7)" in report["failures"][0]["error"]
     cli("jobs", "add", "j", "--type", "ok", "--cron", "0 0 1 1 *", "--plugins", str(plugins))
+    proc = cli("jobs", "add", "k", "--type", "exits", "--cron", "0 0 1 1 *", "--plugins", str(plugins), expect=2)
+    assert "failed to load: exits.py (see `plugins list`)" in proc.stderr
 
 
 def test_a_job_whose_end_at_has_passed_is_added_expired(cli):

@@ -115,6 +115,20 @@ def test_nth_latest_occurrence_matches_enumeration_even_for_uneven_schedules(cro
         cron, zone, now, n, not_before)
 
 
+def test_runall_catches_up_at_most_a_year_even_from_an_ancient_next_run_at():
+    """A leap-day job whose next_run_at was left at year 4: catching up must neither walk 2,000 years of
+    occurrences nor look back over them (an audit saw one such row block the poll for a minute)."""
+    now = dt.datetime(2026, 12, 1, tzinfo=UTC)
+    job = {"cron_expression": "0 0 29 2 *", "timezone": "UTC", "next_run_at": dt.datetime(4, 2, 29, tzinfo=UTC),
+           "missed_run_policy": "RunAll", "end_at": None}
+    decision = planner.decide(job, now, max_catchup_runs=1000)
+    assert decision == planner.Decision(run=False, next_run_at=dt.datetime(2028, 2, 29, tzinfo=UTC), missed=True,
+                                        skipped_older=True)  # no leap day in the last 366 days
+    monthly = {**job, "cron_expression": "0 0 1 * *", "next_run_at": dt.datetime(1904, 1, 1, tzinfo=UTC)}
+    decision = planner.decide(monthly, now, max_catchup_runs=1000)
+    assert decision.next_run_at == dt.datetime(2025, 12, 1, tzinfo=UTC) and decision.skipped_older
+
+
 def test_runall_bound_holds_for_an_uneven_schedule():
     now = dt.datetime(2026, 11, 30, 23, 15, tzinfo=UTC)
     job = {"cron_expression": "* * 1 * *", "timezone": "UTC", "next_run_at": now - dt.timedelta(days=40),
