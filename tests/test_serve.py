@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -112,12 +113,29 @@ def test_fresh_serve_runs_the_sample_jobs(tmp_path):
     """The README's promise: in a fresh directory with the shipped plugins, `serve` syncs jobs.toml and
     runs the sample jobs (the backup and shell ones need nothing from the network)."""
     plugins = Path(__file__).resolve().parent.parent / "plugins"
-    proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--plugins", str(plugins),
-                           "--run-for", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")})
-    assert proc.returncode == 0, proc.stderr
-    for job in ("backup-scheduler-db", "prune-old-backups", "disk-usage"):
-        assert re.search(rf"run \d+ finished: job {job} Completed in \d+ ms", proc.stderr), proc.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "mjsched_isolated", "serve", "--plugins", str(plugins)],
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")})
+    try:
+        waiting, seen = {"backup-scheduler-db", "prune-old-backups", "disk-usage"}, []
+        timer = threading.Timer(60, proc.kill)  # bounds the read loop below on a stuck server
+        timer.start()
+        for line in proc.stderr:  # every run of the sample jobs is logged when it finishes
+            seen.append(line)
+            match = re.search(r"run \d+ finished: job (\S+) Completed in \d+ ms", line)
+            if match:
+                waiting.discard(match.group(1))
+            if not waiting:
+                break
+        timer.cancel()
+        assert not waiting, "".join(seen)
+        proc.send_signal(signal.SIGTERM)
+        proc.stderr.read()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
     assert list((tmp_path / "backups").glob("mjsched-*.db"))
 
 
