@@ -25,9 +25,6 @@ from .api import BaseScheduledJob
 from .protocol import LoadFailure, PluginInfo
 
 
-IMPORT_TIMED_OUT = "import did not finish within"  # how a timed-out import's failure begins (the pool reads it)
-
-
 class Registry:
     """Job types loaded from one plugins folder: ``classes`` by job_type, plus ``failures``."""
 
@@ -57,9 +54,9 @@ def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0, *, ski
             continue
         if on_import is not None:
             on_import(path.name)
-        module, error = _import_with_timeout(path, import_timeout_s)
+        module, error, timed_out = _import_with_timeout(path, import_timeout_s)
         if error is not None:
-            registry.failures.append(LoadFailure(module=path.name, error=error))
+            registry.failures.append(LoadFailure(module=path.name, error=error, import_timed_out=timed_out))
             continue
         for cls in _job_classes(module):
             if cls.job_type in registry.classes:
@@ -74,8 +71,8 @@ def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0, *, ski
 
 
 def _import_with_timeout(path: Path, timeout_s: float):
-    """(module, None) or (None, traceback text). The import runs in a daemon thread so a module that
-    never finishes importing cannot hold the worker."""
+    """(module, None, False), (None, traceback text, False), or (None, why, True) when the import was given
+    up. The import runs in a daemon thread so a module that never finishes importing cannot hold the worker."""
     outcome: dict = {}
 
     def target() -> None:
@@ -88,8 +85,8 @@ def _import_with_timeout(path: Path, timeout_s: float):
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        return None, f"{IMPORT_TIMED_OUT} {timeout_s:g} s (does the module hang at import?)"
-    return outcome.get("module"), outcome.get("error")
+        return None, f"import did not finish within {timeout_s:g} s (does the module hang at import?)", True
+    return outcome.get("module"), outcome.get("error"), False
 
 
 def _import_path(path: Path):

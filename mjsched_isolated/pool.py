@@ -25,7 +25,6 @@ import psutil
 
 from . import child, protocol
 from .errors import ProtocolError
-from .loader import IMPORT_TIMED_OUT
 from .recycling import recycle_reason
 
 log = logging.getLogger("mjsched.pool")
@@ -197,7 +196,7 @@ class Pool:
                     worker.importing = None
                     worker.ready = message
                     for failure in message.failures:  # a hung import thread may still end the worker later
-                        if failure.error.startswith(IMPORT_TIMED_OUT) and failure.module not in self.fatal_modules:
+                        if failure.import_timed_out and failure.module not in self.fatal_modules:
                             self.fatal_modules[failure.module] = failure.error + "; left out of later workers"
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0

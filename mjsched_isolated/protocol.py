@@ -27,10 +27,12 @@ class PluginInfo(msgspec.Struct, frozen=True):
 
 
 class LoadFailure(msgspec.Struct, frozen=True):
-    """A plugin module that failed to import (or defined a bad job type), with the traceback text."""
+    """A plugin module that failed to import (or defined a bad job type), with the traceback text.
+    ``import_timed_out``: its import was given up (its thread may still end the worker later)."""
 
     module: str
     error: str
+    import_timed_out: bool = False
 
 
 class Importing(msgspec.Struct, tag=True, frozen=True):
