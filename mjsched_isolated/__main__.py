@@ -5,7 +5,7 @@ The guard matters: worker children are spawned, and spawn re-imports the parent'
 
 import sys
 
-from .cli import main
+from mjsched_isolated.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Literal
 
 import msgspec
 
-from .errors import ConfigurationError
+from mjsched_isolated.errors import ConfigurationError
 
 Priority = Literal["Low", "Normal", "High"]
 

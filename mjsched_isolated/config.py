@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import InputError
+from mjsched_isolated.errors import InputError
 
 MAX_SECONDS = 10 * 365 * 86400.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop

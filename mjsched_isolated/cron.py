@@ -15,7 +15,7 @@ import zoneinfo
 
 from croniter import croniter
 
-from .errors import CronError
+from mjsched_isolated.errors import CronError
 
 UTC = dt.timezone.utc
 

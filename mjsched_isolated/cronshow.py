@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from . import cron
-from .errors import CronError
+from mjsched_isolated import cron
+from mjsched_isolated.errors import CronError
 
 MAX_COUNT = 10_000
 

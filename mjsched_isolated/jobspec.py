@@ -14,10 +14,15 @@ from typing import Any
 
 import msgspec
 
-from . import cron, planner
-from .errors import InputError
-from .config import is_email_address
-from .schema import CONCURRENCY_MODES, JOB_STATUSES, MISSED_RUN_POLICIES
+from mjsched_isolated import cron
+from mjsched_isolated import planner
+from mjsched_isolated.errors import InputError
+from mjsched_isolated.config import is_email_address
+from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
+
+JOB_STATUSES = values(JobStatus)
+CONCURRENCY_MODES = values(ConcurrencyMode)
+MISSED_RUN_POLICIES = values(MissedRunPolicy)
 
 
 MAX_RUNTIME_MINUTES = int(planner.MAX_RUN_TIMEOUT_S // 60)

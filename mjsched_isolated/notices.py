@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import msgspec
 
-from .protocol import NoticeText
+from mjsched_isolated.protocol import NoticeText
 
 Row = dict[str, Any]
 

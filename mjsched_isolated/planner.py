@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from .cron import min_interval_s, next_run_time
+from mjsched_isolated.cron import min_interval_s, next_run_time
 
 Row = dict[str, Any]
 _TICK = dt.timedelta(microseconds=1)

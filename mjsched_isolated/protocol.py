@@ -14,7 +14,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .errors import ProtocolError
+from mjsched_isolated.errors import ProtocolError
 
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import Store
+from mjsched_isolated.store.core import Store
 
 HIDE_SUPERVISORS_AFTER_S = 3600.0  # supervisors stopped or expired longer ago than this are not listed
 LIMIT = 10

@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from mjsched_isolated.config import Settings
-from mjsched_isolated.pool import Pool
-from mjsched_isolated.store import Store
-from mjsched_isolated.supervisor import Supervisor, utcnow
+from mjsched_isolated.supervisor.pool import Pool
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.core import Supervisor, utcnow
 
 FIXTURE_PLUGINS = str(Path(__file__).parent / "fixture_plugins")
 UTC = dt.timezone.utc

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_PLUGINS, add_job
-from mjsched_isolated.schema import jobs, runs
-from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.store.schema import jobs, runs
+from mjsched_isolated.supervisor.core import utcnow
 
 
 @pytest.fixture

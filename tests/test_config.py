@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from conftest import FIXTURE_PLUGINS, add_job, isolated_database
 from mjsched_isolated.config import load_settings
 from mjsched_isolated.errors import InputError
-from mjsched_isolated.schema import jobs
-from mjsched_isolated.store import Store
+from mjsched_isolated.store.schema import jobs
+from mjsched_isolated.store.core import Store
 from procs import Serve
 
 pytestmark = pytest.mark.timeout(60)
@@ -196,7 +196,9 @@ def test_check_validates_the_configured_jobs_file(tmp_path):
 def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
     from alembic import command
 
-    from mjsched_isolated import migrate, schema
+    from mjsched_isolated.store import migrate
+
+    from mjsched_isolated.store import schema
 
     db = f"sqlite:///{tmp_path / 'old.db'}"
     engine = schema.connect(db)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FIXTURE_PLUGINS
 from mjsched_isolated.api import BaseScheduledJob
-from mjsched_isolated.loader import load_plugins
+from mjsched_isolated.worker.loader import load_plugins
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
 FIXTURE_TYPES = {"ok", "fail", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute", "report_state", "gil_hog",

@@ -1,4 +1,4 @@
-"""Schema migrations (mjsched_isolated.migrate, mjsched_isolated/migrations) on real databases.
+"""Schema migrations (mjsched_isolated.store.migrate, mjsched_isolated/migrations) on real databases.
 
 The drift guard: a database made by the migrations must equal ``schema.metadata`` - Alembic's
 ``compare_metadata`` finds no difference, and its reflection (columns, types, defaults, keys, indexes,
@@ -21,9 +21,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
-from mjsched_isolated import migrate, schema
-from mjsched_isolated.schema import jobs, runs, supervisors
-from mjsched_isolated.store import Store
+from mjsched_isolated.store import migrate
+from mjsched_isolated.store import schema
+from mjsched_isolated.store.schema import jobs, runs, supervisors
+from mjsched_isolated.store.core import Store
 from procs import Serve
 
 UTC = dt.timezone.utc
@@ -317,7 +318,7 @@ def test_db_current_and_upgrade(db_url):
 # -- race ------------------------------------------------------------------------------------------
 OPENER = """
 import sys
-from mjsched_isolated.store import Store
+from mjsched_isolated.store.core import Store
 print("ready", flush=True)
 sys.stdin.readline()
 Store.open(sys.argv[1]).close()

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import add_job
 from mjsched_isolated import planner
-from mjsched_isolated.schema import jobs
-from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.store.schema import jobs
+from mjsched_isolated.supervisor.core import utcnow
 
 UTC = dt.timezone.utc
 SCHEDULED = dt.datetime(2026, 8, 8, 9, 0, tzinfo=UTC)

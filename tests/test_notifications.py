@@ -24,11 +24,11 @@ from aiosmtpd.smtp import AuthResult
 from conftest import add_job, isolated_database
 from procs import Serve
 from mjsched_isolated import notices
-from mjsched_isolated.channels import DeliveryError, SmtpChannel, WebhookPost
+from mjsched_isolated.supervisor.channels import DeliveryError, SmtpChannel, WebhookPost
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
-from mjsched_isolated.notifier import Notifier, backoff_s
-from mjsched_isolated.store import Store
-from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.notifier import Notifier, backoff_s
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.core import utcnow
 
 SECRET = "s3cr3t-hmac-key"
 PASSWORD = "hunter2-smtp-pass"

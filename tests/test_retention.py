@@ -15,10 +15,10 @@ import sqlalchemy as sa
 
 from conftest import FIXTURE_PLUGINS, add_job
 from mjsched_isolated.config import Retention, Settings
-from mjsched_isolated.pool import Pool
-from mjsched_isolated.schema import runs
-from mjsched_isolated.store import Store
-from mjsched_isolated.supervisor import Supervisor
+from mjsched_isolated.supervisor.pool import Pool
+from mjsched_isolated.store.schema import runs
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.core import Supervisor
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -145,7 +145,7 @@ def test_cli_runs_prune_dry_run_flags_and_settings_defaults(store, db_url, tmp_p
 
 @pytest.mark.timeout(60)
 def test_prune_notifications_deletes_only_old_delivered_or_given_up_notices(any_store):
-    from mjsched_isolated.schema import notifications
+    from mjsched_isolated.store.schema import notifications
 
     def notice(age_days: float, status: str) -> int:
         with any_store.engine.begin() as conn:

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from conftest import Driver, add_job, isolated_database
-from mjsched_isolated.cli import main
-from mjsched_isolated.store import Store
+from mjsched_isolated.cli.app import main
+from mjsched_isolated.store.core import Store
 
 YEARLY = "0 0 1 1 *"
 LATER = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)

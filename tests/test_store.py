@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from conftest import add_job
 from mjsched_isolated import planner
 from mjsched_isolated.errors import InputError, NotFoundError
-from mjsched_isolated.schema import jobs, runs, supervisors
-from mjsched_isolated.store import Claim, Store
+from mjsched_isolated.store.schema import jobs, runs, supervisors
+from mjsched_isolated.store.core import Claim, Store
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)  # the caller's clock: far from the DB clock on purpose

@@ -14,7 +14,7 @@ import psutil
 import sqlalchemy as sa
 
 from conftest import add_job, wait_gone
-from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.core import utcnow
 
 
 def _runs(store, name, status=None):
@@ -285,7 +285,7 @@ def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(
     its ready timeout, blames the module it was importing, and the next workers load without it (two
     workers timing out together each get exactly one replacement)."""
     from conftest import Driver
-    from mjsched_isolated.inspection import inspect_plugins
+    from mjsched_isolated.supervisor.inspection import inspect_plugins
     plugins = _plugins_dir(tmp_path, gil=GIL_FOREVER)
     report = inspect_plugins(str(plugins), timeout_s=2)  # the CLI's checks: answered by a second worker
     assert "ok" in {p.job_type for p in report.plugins} and [f.module for f in report.failures] == ["gil.py"]

@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .api import BaseScheduledJob
-from .protocol import LoadFailure, PluginInfo
+from mjsched_isolated.api import BaseScheduledJob
+from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
 
 class Registry:

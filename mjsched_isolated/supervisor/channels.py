@@ -22,7 +22,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import Any, Protocol
 
-from .config import EmailChannel, Notifications, WebhookChannel
+from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
 
 log = logging.getLogger("mjsched.notifications")
 SIGNATURE_HEADER = "X-Mjsched-Signature"

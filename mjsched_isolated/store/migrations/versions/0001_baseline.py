@@ -5,7 +5,7 @@ Revises:
 Create Date: 2026-11-30
 
 A database with these tables and no ``alembic_version`` (made by an earlier version) is recognised as
-this revision by ``mjsched_isolated.migrate``.
+this revision by ``mjsched_isolated.store.migrate``.
 """
 
 import sqlalchemy as sa

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from . import protocol
-from .errors import WorkerError
-from .pool import Pool, describe_exit
+from mjsched_isolated import protocol
+from mjsched_isolated.errors import WorkerError
+from mjsched_isolated.supervisor.pool import Pool, describe_exit
 
 
 class PluginReport:

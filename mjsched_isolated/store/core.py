@@ -31,10 +31,10 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from . import notices as notices_mod
-from . import schema
-from .errors import InputError, NotFoundError
-from .schema import jobs, notifications, runs, supervisors
+from mjsched_isolated import notices as notices_mod
+from mjsched_isolated.store import schema
+from mjsched_isolated.errors import InputError, NotFoundError
+from mjsched_isolated.store.schema import jobs, notifications, runs, supervisors
 
 Row = dict[str, Any]
 log = logging.getLogger("mjsched.store")

@@ -20,8 +20,8 @@ import socket
 import time
 from typing import Callable
 
-from .errors import first_line as _short
-from .store import Store
+from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.store.core import Store
 
 log = logging.getLogger("mjsched.liveness")
 

@@ -1,4 +1,4 @@
-"""Schema migrations: Alembic, configured in code, scripts shipped in ``mjsched_isolated/migrations``.
+"""Schema migrations: Alembic, configured in code, scripts shipped in ``mjsched_isolated/store/migrations``.
 
 Revisions are ``0001`` (baseline: jobs, runs, supervisors), ``0002`` (notifications), ... - a linear
 history, one file ``versions/NNNN_slug.py`` each (:func:`new_revision`). A database is in one of the
@@ -33,7 +33,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import MjschedError
+from mjsched_isolated.errors import MjschedError
 
 log = logging.getLogger("mjsched.migrate")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

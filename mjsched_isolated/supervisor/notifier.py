@@ -29,11 +29,11 @@ import threading
 import time
 from typing import Callable
 
-from . import channels as channels_mod
-from .channels import Channel, DeliveryError
-from .config import Notifications
-from .errors import first_line
-from .store import Store
+from mjsched_isolated.supervisor import channels as channels_mod
+from mjsched_isolated.supervisor.channels import Channel, DeliveryError
+from mjsched_isolated.config import Notifications
+from mjsched_isolated.errors import first_line
+from mjsched_isolated.store.core import Store
 
 log = logging.getLogger("mjsched.notifier")
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from .config import Retention
-from .errors import first_line
-from .store import Store
+from mjsched_isolated.config import Retention
+from mjsched_isolated.errors import first_line
+from mjsched_isolated.store.core import Store
 
 log = logging.getLogger("mjsched.retention")
 PREFETCH_BATCHES = 20

@@ -21,18 +21,21 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from . import cron, jobspec, logs
-from . import metrics as metrics_mod
-from .config import Settings, load_settings, redact_url
-from .errors import InputError, MjschedError, NotFoundError
-from .errors import first_line as _short
-from .inspection import inspect_plugins
-from .migrate import SchemaError
-from .pool import Pool
-from . import migrate, schema
-from .schema import RUN_STATUSES
-from .store import Store
-from .supervisor import Supervisor, utcnow
+from mjsched_isolated import cron
+from mjsched_isolated import jobspec
+from mjsched_isolated import logs
+from mjsched_isolated.supervisor import metrics as metrics_mod
+from mjsched_isolated.config import Settings, load_settings, redact_url
+from mjsched_isolated.errors import InputError, MjschedError, NotFoundError
+from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.supervisor.inspection import inspect_plugins
+from mjsched_isolated.store.migrate import SchemaError
+from mjsched_isolated.supervisor.pool import Pool
+from mjsched_isolated.store import migrate
+from mjsched_isolated.store import schema
+from mjsched_isolated.store.schema import RUN_STATUSES
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.core import Supervisor, utcnow
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -487,7 +490,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cron_next(args: argparse.Namespace) -> int:
-    from .cronshow import MAX_COUNT, describe_next  # noqa: PLC0415 - only this command needs it
+    from mjsched_isolated.cronshow import MAX_COUNT, describe_next  # noqa: PLC0415 - only this command needs it
 
     if not 1 <= args.count <= MAX_COUNT:
         raise InputError("--count", f"must be between 1 and {MAX_COUNT}, got {args.count}")
@@ -590,7 +593,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # -- status and run retention ------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import status  # noqa: PLC0415 - only this command needs it
+    from mjsched_isolated import status  # noqa: PLC0415 - only this command needs it
 
     report = status.collect(_store(args))
     if args.json:
@@ -611,7 +614,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_runs_prune(args: argparse.Namespace) -> int:
     """Defaults come from the settings (file, environment); the flags override them for this call."""
-    from .config import Retention  # noqa: PLC0415
+    from mjsched_isolated.config import Retention  # noqa: PLC0415
 
     base = args.settings.retention
     given = {k: v for k, v in (("keep_days", args.keep_days), ("keep_min_per_job", args.keep_min_per_job))

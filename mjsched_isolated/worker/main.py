@@ -24,10 +24,11 @@ from multiprocessing.connection import Connection
 import msgspec
 import psutil
 
-from . import logs, protocol
-from .api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
-from .errors import ConfigurationError
-from .loader import Registry, load_plugins
+from mjsched_isolated import logs
+from mjsched_isolated import protocol
+from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
+from mjsched_isolated.errors import ConfigurationError
+from mjsched_isolated.worker.loader import Registry, load_plugins
 
 log = logging.getLogger("mjsched.child")
 

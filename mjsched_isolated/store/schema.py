@@ -17,12 +17,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Engine
 
+from mjsched_isolated.enums import (ConcurrencyMode, JobStatus, MissedRunPolicy, NotificationEvent,
+                                    NotificationStatus, Priority, RunStatus, values)
+
 UTC = dt.timezone.utc
 
-JOB_STATUSES = ("Pending", "Active", "Paused", "Disabled", "Expired")
-RUN_STATUSES = ("Running", "Completed", "Failed", "Cancelled", "Timeout")
-CONCURRENCY_MODES = ("Skip", "Queue", "Concurrent")
-MISSED_RUN_POLICIES = ("Skip", "RunOnce", "RunAll")
+JOB_STATUSES = values(JobStatus)
+RUN_STATUSES = values(RunStatus)
+CONCURRENCY_MODES = values(ConcurrencyMode)
+MISSED_RUN_POLICIES = values(MissedRunPolicy)
 
 
 SQLITE_EXACT_FORM = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
@@ -175,9 +178,9 @@ supervisors = sa.Table(
     sa.Column("stopped_at", UTCDateTime),
 )
 
-NOTIFICATION_EVENTS = ("Success", "Failure", "Skipped", "Missed")
-NOTIFICATION_STATUSES = ("Pending", "Sent", "Failed")
-PRIORITIES = ("Low", "Normal", "High")
+NOTIFICATION_EVENTS = values(NotificationEvent)
+NOTIFICATION_STATUSES = values(NotificationStatus)
+PRIORITIES = values(Priority)
 
 # the durable outbox: one row per (notice, channel), written in the transaction that records its cause
 notifications = sa.Table(
@@ -211,7 +214,7 @@ notifications = sa.Table(
 def create_engine(url: str, *, auto_upgrade: bool = False) -> Engine:
     """An engine whose schema is at this code's revision: an empty database is migrated to head, an
     outdated one only with ``auto_upgrade``, else :class:`migrate.SchemaError` (see :mod:`.migrate`)."""
-    from . import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays importable without it
+    from mjsched_isolated.store import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays importable without it
 
     engine = connect(url)
     try:

@@ -23,9 +23,10 @@ from typing import Any, Callable
 import msgspec
 import psutil
 
-from . import child, protocol
-from .errors import ProtocolError
-from .recycling import recycle_reason
+from mjsched_isolated.worker import main as child
+from mjsched_isolated import protocol
+from mjsched_isolated.errors import ProtocolError
+from mjsched_isolated.supervisor.recycling import recycle_reason
 
 log = logging.getLogger("mjsched.pool")
 

@@ -24,7 +24,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from .errors import InputError
+from mjsched_isolated.errors import InputError
 
 log = logging.getLogger("mjsched.metrics")
 
@@ -82,7 +82,7 @@ class PrometheusMetrics(Metrics):
     def __init__(self, instance: str, host: str, port: int, stall_after_s: float, rescan_interval_s: float) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info  # noqa: PLC0415
 
-        from . import __version__  # noqa: PLC0415
+        from mjsched_isolated import __version__  # noqa: PLC0415
 
         self.instance, self.host, self.port = instance, host, port
         self.stall_bound_s = stall_after_s + rescan_interval_s

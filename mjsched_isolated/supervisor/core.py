@@ -26,16 +26,18 @@ import socket
 import time
 from typing import Any
 
-from . import metrics as metrics_mod
-from . import notices, planner, protocol
-from .config import Settings, redact_url
-from .errors import CronError
-from .errors import first_line as _short
-from .liveness import Liveness
-from .notifier import Notifier
-from .pool import ChildEvent, Pool, Worker, describe_exit
-from .retention import Pruner
-from .store import Store, is_permanent_error
+from mjsched_isolated.supervisor import metrics as metrics_mod
+from mjsched_isolated import notices
+from mjsched_isolated import planner
+from mjsched_isolated import protocol
+from mjsched_isolated.config import Settings, redact_url
+from mjsched_isolated.errors import CronError
+from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.supervisor.liveness import Liveness
+from mjsched_isolated.supervisor.notifier import Notifier
+from mjsched_isolated.supervisor.pool import ChildEvent, Pool, Worker, describe_exit
+from mjsched_isolated.supervisor.retention import Pruner
+from mjsched_isolated.store.core import Store, is_permanent_error
 
 log = logging.getLogger("mjsched.supervisor")
 UTC = dt.timezone.utc
