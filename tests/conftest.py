@@ -134,11 +134,7 @@ class Driver:
         settings.setdefault("plugins_dir", FIXTURE_PLUGINS)
         settings.setdefault("max_concurrent_jobs", 2)
         self.settings = Settings(database_url=db_url, **settings)
-        self.pool = Pool(self.settings.max_concurrent_jobs, self.settings.plugins_dir,
-                         ready_timeout_s=self.settings.worker_ready_timeout_s,
-                         import_timeout_s=self.settings.plugin_import_timeout_s,
-                         max_tasks_per_child=self.settings.recycling.max_tasks_per_child,
-                         max_memory_per_child_mb=self.settings.recycling.max_memory_per_child_mb)
+        self.pool = Pool.from_settings(self.settings)
         self.supervisor = Supervisor(self.settings, store, self.pool)
         self.max_inflight = 0
 

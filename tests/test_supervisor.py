@@ -14,6 +14,7 @@ import psutil
 import sqlalchemy as sa
 
 from conftest import add_job, wait_gone
+from mjsched_isolated.config import Settings
 from mjsched_isolated.supervisor.core import utcnow
 
 
@@ -287,7 +288,7 @@ def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(
     from conftest import Driver
     from mjsched_isolated.supervisor.inspection import inspect_plugins
     plugins = _plugins_dir(tmp_path, gil=GIL_FOREVER)
-    report = inspect_plugins(str(plugins), timeout_s=2)  # the CLI's checks: answered by a second worker
+    report = inspect_plugins(Settings(plugins_dir=str(plugins)), timeout_s=2)  # the CLI's checks: answered by a second worker
     assert "ok" in {p.job_type for p in report.plugins} and [f.module for f in report.failures] == ["gil.py"]
     d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=2, max_concurrent_jobs=2)
     try:

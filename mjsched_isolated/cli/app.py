@@ -237,10 +237,10 @@ def open_store(url: str, *, auto_upgrade: bool = False) -> Store:
         raise
 
 
-def _validate_configs(plugins_dir: str, specs: list[jobspec.JobSpec], prefix=lambda i: "") -> None:
+def _validate_configs(settings: Settings, specs: list[jobspec.JobSpec], prefix=lambda i: "") -> None:
     """Ask a worker child whether each spec's job_type exists and its configuration is valid."""
     checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
-    report = inspect_plugins(plugins_dir, checks)
+    report = inspect_plugins(settings, checks)
     for i, error in enumerate(report.errors):
         if error is not None:
             field, _, message = error.partition(": ")
@@ -297,12 +297,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise
     try:
         if jobs_file:
-            sync_jobs(store, settings.plugins_dir, jobs_file)
-        pool = Pool(settings.max_concurrent_jobs, settings.plugins_dir, log_level=logging.getLogger().level,
-                    ready_timeout_s=settings.worker_ready_timeout_s, import_timeout_s=settings.plugin_import_timeout_s,
-                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
-                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
-                    log_format=settings.log_format)
+            sync_jobs(store, settings, jobs_file)
+        pool = Pool.from_settings(settings)
         return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
     finally:
         metrics.stop_server()  # also when the jobs file or the pool failed before serve() began
@@ -332,7 +328,7 @@ def cmd_jobs_add(args: argparse.Namespace) -> int:
     except TypeError as exc:
         raise InputError("job", str(exc)) from None
     spec = jobspec.check(spec)
-    _validate_configs(_plugins_dir(args), [spec])
+    _validate_configs(args.settings, [spec])
     store = _store(args)
     now = utcnow()
     values = jobspec.with_next_run_at(jobspec.row_values(spec), now)
@@ -390,7 +386,7 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     store = _store(args)
     job = store.get_job(args.name)
     settings = msgspec.structs.replace(args.settings, max_concurrent_jobs=1)
-    pool = Pool(1, settings.plugins_dir, log_level=logging.getLogger().level, log_format=settings.log_format)
+    pool = Pool.from_settings(settings, size=1)
     supervisor = Supervisor(settings, store, pool)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -426,16 +422,16 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
 
 def cmd_jobs_sync(args: argparse.Namespace) -> int:
     store = _store(args)
-    created, updated = sync_jobs(store, _plugins_dir(args), args.file)
+    created, updated = sync_jobs(store, args.settings, args.file)
     print(f"{args.file}: {created} job(s) created, {updated} updated")
     return EXIT_OK
 
 
-def sync_jobs(store: Store, plugins_dir: str, path: str) -> tuple[int, int]:
+def sync_jobs(store: Store, settings: Settings, path: str) -> tuple[int, int]:
     """Create or update (by name) every job in the TOML file ``path``; jobs not in it are untouched.
     Everything is validated before anything is written. Returns (created, updated)."""
     specs = jobspec.load_file(path)
-    _validate_configs(plugins_dir, specs, prefix=lambda i: f"{path}: jobs[{i}].")
+    _validate_configs(settings, specs, prefix=lambda i: f"{path}: jobs[{i}].")
     now = utcnow()
     existing = {row["name"]: row for row in store.list_jobs()}
     created = updated = 0
@@ -513,7 +509,7 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins_list(args: argparse.Namespace) -> int:
-    report = inspect_plugins(_plugins_dir(args))
+    report = inspect_plugins(args.settings)
     if args.json:
         _print_json({"plugins": report.plugins, "failures": report.failures})
         return EXIT_OK
@@ -542,7 +538,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     problems: list[str] = []
     notes = [f"settings: ok (database {redact_url(settings.database_url)}, plugins {settings.plugins_dir}, "
              f"cap {settings.max_concurrent_jobs}, notification channels {', '.join(settings.notifications.channels())})"]
-    report = inspect_plugins(settings.plugins_dir)
+    report = inspect_plugins(settings)
     notes.append(f"plugins: {len(report.plugins)} job type(s): "
                  + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
     for failure in report.failures:
@@ -551,7 +547,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if settings.jobs_file:
         try:
             specs = jobspec.load_file(settings.jobs_file)
-            _validate_configs(settings.plugins_dir, specs, prefix=lambda i: f"{settings.jobs_file}: jobs[{i}].")
+            _validate_configs(settings, specs, prefix=lambda i: f"{settings.jobs_file}: jobs[{i}].")
             notes.append(f"jobs file {settings.jobs_file}: {len(specs)} job(s) ok")
         except InputError as exc:
             problems.append(f"jobs file: {exc}")
@@ -568,7 +564,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except InputError as exc:
             problems.append(f"job {job['name']}: {exc}")
         checks.append((job["job_type"], job["configuration"]))
-    for job, error in zip(jobs, inspect_plugins(settings.plugins_dir, checks).errors if checks else []):
+    for job, error in zip(jobs, inspect_plugins(settings, checks).errors if checks else []):
         if error is not None:
             problems.append(f"job {job['name']}: {error}")
     email = settings.notifications.email

@@ -6,10 +6,14 @@ Used by the CLI: ``plugins list`` and the configuration checks of ``jobs add`` /
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Sequence
 
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import WorkerError
 from mjsched_isolated.supervisor.pool import Pool, describe_exit
+
+if TYPE_CHECKING:
+    from mjsched_isolated.config import Settings
 
 
 class PluginReport:
@@ -21,15 +25,23 @@ class PluginReport:
         self.errors = errors
 
 
-def inspect_plugins(plugins_dir: str, checks: list[tuple[str, str | None]] = (), timeout_s: float = 30.0) -> PluginReport:
-    """Start one worker on ``plugins_dir``, wait for its Ready, and validate each ``(job_type,
-    configuration JSON)`` in ``checks``. ``errors[i]`` is None or a one-line message naming the field.
+CLI_READY_TIMEOUT_S = 30.0  # a CLI check waits less than serve's workers (worker_ready_timeout_s, 60 s)
+
+
+def inspect_plugins(settings: Settings, checks: Sequence[tuple[str, str | None]] = (),
+                    timeout_s: float | None = None) -> PluginReport:
+    """Start one worker built like ``serve``'s (:meth:`Pool.from_settings`: the same plugins folder and
+    import timeout), wait for its Ready, and validate each ``(job_type, configuration JSON)`` in
+    ``checks``. ``timeout_s``: the worker's ready timeout (default the smaller of
+    ``worker_ready_timeout_s`` and 30 s). ``errors[i]`` is None or a one-line message naming the field.
     Raises ``TimeoutError`` if no child answers within ``2 * timeout_s + 10`` (a worker whose import hangs
     past ``timeout_s`` is killed and the module left out, once),
     :class:`WorkerError` if it dies for a reason other than a plugin module ending it at import (such a
     module is left out and reported in ``failures``; a fresh child answers).
     """
-    pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s)
+    if timeout_s is None:
+        timeout_s = min(settings.worker_ready_timeout_s, CLI_READY_TIMEOUT_S)
+    pool = Pool.from_settings(settings, size=1, ready_timeout_s=timeout_s)
     # a worker stuck importing is killed at timeout_s and its module left out: leave time for a second one
     deadline = time.monotonic() + 2 * timeout_s + 10
     try:

@@ -18,15 +18,17 @@ import os
 import signal
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
-import psutil
-
 from mjsched_isolated.worker import main as child
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import ProtocolError
+from mjsched_isolated.proctree import kill_tree
 from mjsched_isolated.supervisor.recycling import recycle_reason
+
+if TYPE_CHECKING:
+    from mjsched_isolated.config import Settings
 
 log = logging.getLogger("mjsched.pool")
 
@@ -105,6 +107,21 @@ class Pool:
         self.recycled = 0
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
+                      log_level: int | None = None) -> "Pool":
+        """The one way a pool is built from :class:`~mjsched_isolated.config.Settings`: every setting that
+        concerns workers (plugins folder, import and ready timeouts, recycling, log format) is applied, so
+        ``serve``, ``jobs run`` and the CLI's plugin checks load plugins alike. ``size`` defaults to
+        ``max_concurrent_jobs``; ``log_level`` to the root logger's level."""
+        return cls(size if size is not None else settings.max_concurrent_jobs, settings.plugins_dir,
+                   log_level=logging.getLogger().level if log_level is None else log_level,
+                   ready_timeout_s=settings.worker_ready_timeout_s if ready_timeout_s is None else ready_timeout_s,
+                   import_timeout_s=settings.plugin_import_timeout_s,
+                   max_tasks_per_child=settings.recycling.max_tasks_per_child,
+                   max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
+                   log_format=settings.log_format)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -330,30 +347,3 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``, its process group and every descendant (grandchildren included).
-
-    The child leads its own session, so ``killpg(pid)`` reaches plugin subprocesses; psutil's snapshot of
-    descendants catches any that moved to another group. Processes already gone are ignored.
-    """
-    if pid <= 0:
-        return
-    procs: list[psutil.Process] = []
-    try:
-        parent = psutil.Process(pid)
-        procs = [parent, *parent.children(recursive=True)]
-    except psutil.Error:
-        pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    # No waiting here: SIGKILL cannot be caught or ignored. The top process is our own child, which the
-    # caller reaps (join) so multiprocessing keeps its exit code; orphaned descendants are reaped by init.

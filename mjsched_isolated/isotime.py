@@ -1,0 +1,25 @@
+"""One spelling of instants in text: ISO 8601, UTC, with a ``Z`` (logs, notices, CLI tables and JSON)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+UTC = dt.timezone.utc
+
+
+def iso(when: dt.datetime | None, *, timespec: str = "auto", missing: str = "-") -> str:
+    """``when`` as ``2026-12-01T21:00:00.123456Z`` (aware: converted to UTC; naive: taken as UTC), or
+    ``missing`` for None. ``timespec`` as for :meth:`datetime.isoformat` (``"seconds"`` for tables)."""
+    if when is None:
+        return missing
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> dt.datetime:
+    """Parse ISO 8601 (a trailing ``Z`` allowed); naive results stay naive. Raises ``ValueError``."""
+    text = text.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    return dt.datetime.fromisoformat(text)
