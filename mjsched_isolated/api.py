@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Literal
 
 import msgspec
 
-from mjsched_isolated.errors import ConfigurationError
+from mjsched_isolated.errors import ConfigurationError, msgspec_field_error
 
 Priority = Literal["Low", "Normal", "High"]
 
@@ -124,7 +124,7 @@ class BaseScheduledJob:
         try:
             return msgspec.json.decode(text, type=cls.configuration_type)
         except msgspec.ValidationError as exc:
-            raise ConfigurationError(_field_message(str(exc))) from None
+            raise ConfigurationError(_field_message(exc)) from None
         except msgspec.DecodeError as exc:
             raise ConfigurationError(f"configuration: invalid JSON ({exc})") from None
 
@@ -160,15 +160,7 @@ class BaseScheduledJob:
         )
 
 
-def _field_message(msgspec_message: str) -> str:
-    """Turn msgspec's ``"Expected `int`, got `str` - at `$.a.b`"`` into ``"configuration.a.b: Expected ..."``,
-    and ``"Object missing required field `x`"`` into ``"configuration.x: missing required field"``."""
-    text, sep, where = msgspec_message.rpartition(" - at `")
-    if not sep:
-        text, where = msgspec_message, "$"
-    path = where.rstrip("`").replace("$", "configuration", 1)
-    for prefix, what in (("Object missing required field `", "missing required field"),
-                         ("Object contains unknown field `", "unknown field")):
-        if text.startswith(prefix):  # name the field itself, not the object holding it
-            return f"{path}.{text[len(prefix):].rstrip('`')}: {what}"
-    return f"{path}: {text}"
+def _field_message(exc: msgspec.ValidationError) -> str:
+    """``"configuration.a.b: Expected ..."`` for a configuration that does not fit its Struct."""
+    field, message = msgspec_field_error(exc, "configuration")
+    return f"{field}: {message}"

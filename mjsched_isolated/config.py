@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from mjsched_isolated.errors import InputError
+from mjsched_isolated.errors import InputError, msgspec_field_error
 
 MAX_SECONDS = 10 * 365 * 86400.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
@@ -329,9 +329,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-_FIELD_PREFIX = re.compile(r"(?P<field>[a-z_][a-z0-9_.\[\]]*): ")
-
-
 def build_settings(table: dict[str, Any]) -> Settings:
     """Validate a nested settings table. Raises :class:`InputError` naming the key (``retention.keep_days``)."""
     try:
@@ -339,20 +336,9 @@ def build_settings(table: dict[str, Any]) -> Settings:
     except InputError:
         raise
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        text, sep, where = message.rpartition(" - at `$")
-        if not sep:
-            text, where = message, ""
-        field = where.rstrip("`").lstrip(".")
-        if named := _FIELD_PREFIX.match(text):  # an InputError from a __post_init__, wrapped by msgspec
-            field, text = named["field"], text[named.end():]
-        if text.startswith("Object contains unknown field `"):
-            unknown = text.split("`")[1]
-            field, text = (f"{field}.{unknown}" if field else unknown), "unknown setting"
-        elif text.startswith("Object missing required field `"):
-            missing = text.split("`")[1]
-            field, text = (f"{field}.{missing}" if field else missing), "is required"
-        raise InputError(field or "configuration", text) from None
+        field, message = msgspec_field_error(exc, "")
+        message = {"unknown field": "unknown setting", "missing required field": "is required"}.get(message, message)
+        raise InputError(field or "configuration", message) from None
 
 
 def load_settings(*, config_path: str | None = None, environ: dict[str, str] | None = None,

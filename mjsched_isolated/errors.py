@@ -1,6 +1,12 @@
-"""The project's exception root and its subclasses. Each message names the field at fault."""
+"""The project's exception root and its subclasses. Each message names the field at fault.
+
+Errors carry their parts (``field``, ``message``) so nobody parses error text back apart: to re-label an
+error for another audience (a CLI flag instead of a settings key), use :meth:`InputError.renamed`.
+"""
 
 from __future__ import annotations
+
+import msgspec
 
 
 class MjschedError(Exception):
@@ -8,11 +14,22 @@ class MjschedError(Exception):
 
 
 class InputError(MjschedError, ValueError):
-    """Bad user input (CLI flag, jobs file, job row). ``field`` is the offending field's name."""
+    """Bad user input (CLI flag, jobs file, job row, API argument).
+
+    ``field``: the offending field's name (``cron_expression``, ``--db``, ``jobs[2].timezone``);
+    ``message``: what is wrong with it, without the field. ``str(exc)`` is ``"<field>: <message>"``.
+    """
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+    def renamed(self, field: str) -> InputError:
+        """The same error (same class, same message) about ``field`` instead."""
+        clone = type(self).__new__(type(self))
+        InputError.__init__(clone, field, self.message)
+        return clone
 
 
 class CronError(InputError):
@@ -38,3 +55,28 @@ class ProtocolError(MjschedError):
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's first line (or its type's name), for one-line log messages."""
     return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]
+
+
+def msgspec_field_error(exc: msgspec.ValidationError, root: str) -> tuple[str, str]:
+    """The one translation of a msgspec validation error into ``(field path, message)``.
+
+    ``root`` names the document (``"configuration"``; ``""`` for a top-level settings table). msgspec's
+    ``"Expected `int`, got `str` - at `$.a.b`"`` becomes ``("<root>.a.b", "Expected `int`, got `str`")``;
+    ``"Object missing required field `x`"`` names the missing field itself (``"<root>.x"``, ``"missing
+    required field"``), and so does an unknown one (``"unknown field"``). An :class:`InputError` raised by
+    a ``__post_init__`` inside the document keeps its own field and message.
+    """
+    text, sep, where = str(exc).rpartition(" - at `$")
+    if not sep:
+        text, where = str(exc), ""
+    path = where.rstrip("`")
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, InputError):
+        return cause.field, cause.message
+    field = f"{root}{path}" if root else path.lstrip(".")
+    for prefix, what in (("Object missing required field `", "missing required field"),
+                         ("Object contains unknown field `", "unknown field")):
+        if text.startswith(prefix):
+            name = text[len(prefix):].split("`")[0]
+            return (f"{field}.{name}" if field else name), what
+    return field or root or "value", text

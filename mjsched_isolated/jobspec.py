@@ -16,7 +16,7 @@ import msgspec
 
 from mjsched_isolated import cron
 from mjsched_isolated import planner
-from mjsched_isolated.errors import InputError
+from mjsched_isolated.errors import InputError, msgspec_field_error
 from mjsched_isolated.config import is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
 
@@ -72,7 +72,7 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     try:
         cron.validate(spec.cron_expression, spec.timezone)
     except InputError as exc:
-        fail(exc.field, str(exc).split(": ", 1)[1])
+        fail(exc.field, exc.message)
     if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
@@ -126,7 +126,7 @@ def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]
     try:
         values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
     except (OverflowError, ValueError) as exc:
-        detail = str(exc).split(": ", 1)[-1] if isinstance(exc, InputError) else str(exc)
+        detail = exc.message if isinstance(exc, InputError) else str(exc)
         if values.get("start_at"):
             raise InputError("start_at", f"no occurrence can be computed from it ({detail})") from None
         raise InputError("cron_expression", f"never fires: no occurrence can be computed ({detail})") from None
@@ -144,10 +144,8 @@ def load_file(path: str | Path) -> list[JobSpec]:
     try:
         parsed = msgspec.toml.decode(data, type=JobsFile)
     except msgspec.ValidationError as exc:
-        text, sep, where = str(exc).rpartition(" - at `")
-        if not sep:  # an error about the file's top level
-            raise InputError(f"{path}", str(exc)) from None
-        raise InputError(f"{path}: {where.rstrip('`').removeprefix('$.')}", text) from None
+        field, message = msgspec_field_error(exc, "")
+        raise InputError(f"{path}: {field}" if field != "value" else f"{path}", message) from None
     except msgspec.DecodeError as exc:
         raise InputError(f"{path}", f"invalid TOML: {exc}") from None
     specs = [check(spec, f"{path}: jobs[{i}].") for i, spec in enumerate(parsed.jobs)]

@@ -16,6 +16,10 @@ import msgspec
 
 from mjsched_isolated.errors import ProtocolError
 
+# The one size cap for text a plugin hands over (details JSON, error messages, notice bodies): what the
+# smallest TEXT column of our databases holds (MySQL/MariaDB: 65,535 bytes), with room to spare. The
+# worker trims to it before sending; the store enforces it again before writing.
+MAX_TEXT_BYTES = 60_000
 
 
 class PluginInfo(msgspec.Struct, frozen=True):

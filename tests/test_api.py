@@ -135,8 +135,10 @@ def test_no_configuration_type_passes_raw_values(text, expected):
 
 
 def test_field_message_without_path():
-    assert _field_message("Expected `object`, got `int`") == "configuration: Expected `object`, got `int`"
-    assert _field_message("Expected `int`, got `str` - at `$.a.b`") == "configuration.a.b: Expected `int`, got `str`"
+    assert _field_message(msgspec.ValidationError("Expected `object`, got `int`")) == \
+        "configuration: Expected `object`, got `int`"
+    assert _field_message(msgspec.ValidationError("Expected `int`, got `str` - at `$.a.b`")) == \
+        "configuration.a.b: Expected `int`, got `str`"
 
 
 def test_default_validate_configuration_accepts_everything():
