@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from mjsched_isolated.protocol import NoticeText
+
+if TYPE_CHECKING:  # types only: importing the store at run time would pull SQLAlchemy in
+    from mjsched_isolated.store.records import OutboxRow
 
 Row = dict[str, Any]
 
@@ -77,16 +81,17 @@ def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
                               priority="High")
     details = {**(text.metadata or {}), "status": status}
     if scheduled_at is not None:
-        details["scheduled_at"] = scheduled_at.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        details["scheduled_at"] = scheduled_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
     if error_message and event == "Failure":
         details.setdefault("error_message", error_message)
     return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=run_id, subject=text.subject,
                   body=text.body, priority=text.priority, details=details, recipients=job_recipients(job))
 
 
-def for_abandoned(run: Row) -> Notice | None:
-    """The Failure notice of a run abandoned because its supervisor died (``run`` carries ``id``,
-    ``job_id``, ``job_name``, ``error_message``, ``notify_on_failure``, ``notify_recipients``)."""
+def for_abandoned(run: Mapping[str, Any]) -> Notice | None:
+    """The Failure notice of a run abandoned because its supervisor died (``run``, e.g. a
+    :class:`~mjsched_isolated.store.records.AbandonedRun`, carries ``id``, ``job_id``, ``job_name``,
+    ``error_message``, ``notify_on_failure``, ``notify_recipients``)."""
     if not run.get("notify_on_failure"):
         return None
     job = {"id": run["job_id"], "name": run["job_name"], "notify_on_failure": True,
@@ -107,13 +112,13 @@ def for_skip(job: Row, occurrence: dt.datetime | None, *, event: str, reason: st
                   details={"scheduled_at": when, "reason": reason}, recipients=job_recipients(job))
 
 
-def outbox_rows(notice: Notice | None, channels: Iterable[str]) -> list[Row]:
+def outbox_rows(notice: Notice | None, channels: Iterable[str]) -> list[OutboxRow]:
     """Column values of the ``notifications`` rows for ``notice``: one per channel (none if ``notice`` is
     None). Timestamps, status and attempts are left to the store (database clock)."""
     if notice is None:
         return []
     details = None if notice.details is None else json.dumps(notice.details, sort_keys=True, default=repr)
     recipients = None if notice.recipients is None else json.dumps(notice.recipients)
-    return [dict(channel=channel, event=notice.event, job_id=notice.job_id, job_name=notice.job_name,
-                 run_id=notice.run_id, subject=notice.subject, body=notice.body, priority=notice.priority,
-                 recipients=recipients, details=details) for channel in channels]
+    return [{"channel": channel, "event": notice.event, "job_id": notice.job_id, "job_name": notice.job_name,
+             "run_id": notice.run_id, "subject": notice.subject, "body": notice.body, "priority": notice.priority,
+             "recipients": recipients, "details": details} for channel in channels]

@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,13 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
-from mjsched_isolated.store import migrate
-from mjsched_isolated.store import schema
-from mjsched_isolated.store.schema import jobs, runs, supervisors
-from mjsched_isolated.store.core import Store
 from procs import Serve
 
-UTC = dt.timezone.utc
+from mjsched_isolated.store import Store, migrate, schema
+from mjsched_isolated.store.schema import jobs, runs, supervisors
+
+UTC = dt.UTC
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 HEAD = migrate.head_revision()
 OUTDATED = ("database schema is at revision 0001, this version needs 0002: run `python -m mjsched_isolated db "
@@ -90,7 +87,7 @@ def snapshot(engine: sa.Engine, columns: dict[str, list[str]]) -> dict[str, list
 
 
 def _bool_defaults_equal(context, inspected_column, metadata_column, inspected_default, metadata_default,
-                         rendered_metadata_default):  # noqa: ANN001
+                         rendered_metadata_default):
     """MySQL/MariaDB report a Boolean's server default false()/true() as '0'/'1': the same default, which
     Alembic's textual comparison would report as a change. Anything else: Alembic's own comparison."""
     pairs = {("0", "false"), ("1", "true")}
@@ -135,11 +132,11 @@ def without_0002(reflected: dict) -> dict:
 
 def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, check=False)
 
 
 def sqlite_dump(path: Path) -> list[str]:
-    import sqlite3  # noqa: PLC0415
+    import sqlite3
 
     with sqlite3.connect(path) as conn:
         return list(conn.iterdump())
@@ -318,7 +315,7 @@ def test_db_current_and_upgrade(db_url):
 # -- race ------------------------------------------------------------------------------------------
 OPENER = """
 import sys
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 print("ready", flush=True)
 sys.stdin.readline()
 Store.open(sys.argv[1]).close()

@@ -251,7 +251,8 @@ def test_abandoned_runs_write_failure_notices_for_jobs_that_want_them(store: Sto
                       notify_recipients=json.dumps(["x@y.org"]))
         store.claim(job, now=now, next_run_at=now + dt.timedelta(hours=1), instance="ghost-1", lease_s=60,
                     deadline_at=now + dt.timedelta(minutes=5), scheduled_at=job["next_run_at"])
-    abandoned = store.abandon_orphaned_runs(notice_channels=["log", "email"])
+    abandoned = store.abandon_orphaned_runs(
+        notices_for=lambda run: notices.outbox_rows(notices.for_abandoned(run), ["log", "email"]))
     assert len(abandoned) == 2
     rows = store.list_notifications()
     assert [(r["job_name"], r["channel"], r["event"], r["priority"]) for r in rows] == [

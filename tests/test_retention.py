@@ -12,16 +12,23 @@ import sys
 
 import pytest
 import sqlalchemy as sa
-
 from conftest import FIXTURE_PLUGINS, add_job
-from mjsched_isolated.config import Retention, Settings
-from mjsched_isolated.supervisor.pool import Pool
-from mjsched_isolated.store.schema import runs
-from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import Supervisor
 
-UTC = dt.timezone.utc
+from mjsched_isolated.config import Retention, Settings
+from mjsched_isolated.store import Store
+from mjsched_isolated.store.schema import runs
+from mjsched_isolated.supervisor.core import Supervisor
+from mjsched_isolated.supervisor.pool import Pool
+
+UTC = dt.UTC
 NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _insert_run(conn: sa.Connection, **values: object) -> int:
+    """Insert one ``runs`` row on ``conn``; return its id."""
+    key = conn.execute(runs.insert().values(**values)).inserted_primary_key
+    assert key is not None
+    return int(key[0])
 
 
 def _runs(store: Store, job_id: int, ages_days: list[float], status: str = "Completed",
@@ -31,10 +38,8 @@ def _runs(store: Store, job_id: int, ages_days: list[float], status: str = "Comp
     with store.engine.begin() as conn:
         for age in ages_days:
             started = now - dt.timedelta(days=age)
-            ids.append(conn.execute(runs.insert().values(
-                job_id=job_id, started_at=started, status=status,
-                completed_at=None if status == "Running" else started + dt.timedelta(seconds=1),
-            )).inserted_primary_key[0])
+            ids.append(_insert_run(conn, job_id=job_id, started_at=started, status=status,
+                                   completed_at=None if status == "Running" else started + dt.timedelta(seconds=1)))
     return ids
 
 
@@ -55,8 +60,8 @@ def _fixture(store: Store) -> tuple[set[int], set[int]]:
     running_a = _runs(store, a, [100], status="Running")  # never touched, and not ranked
     old_b = _runs(store, b, [40, 50, 60])  # the newest 2 are kept by keep_min_per_job although old
     with store.engine.begin() as conn:  # three runs with one started_at: the highest ids rank first
-        same = [conn.execute(runs.insert().values(job_id=d, started_at=NOW - dt.timedelta(days=30), status="Timeout",
-                                                  completed_at=NOW)).inserted_primary_key[0] for _ in range(3)]
+        same = [_insert_run(conn, job_id=d, started_at=NOW - dt.timedelta(days=30), status="Timeout", completed_at=NOW)
+                for _ in range(3)]
     everything = set(young + old_a + failed_a + running_a + old_b + same)
     return everything, set(old_a + failed_a + [old_b[2], same[0]])
 
@@ -129,7 +134,7 @@ def test_cli_runs_prune_dry_run_flags_and_settings_defaults(store, db_url, tmp_p
 
     def cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
         proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", "runs", "prune", *args], capture_output=True,
-                              text=True, timeout=30, env=env, cwd=tmp_path)
+                              text=True, timeout=30, env=env, cwd=tmp_path, check=False)
         assert proc.returncode == expect, (proc.stdout, proc.stderr)
         return proc
 

@@ -1,6 +1,24 @@
 """Every read and write of the database, in SQLAlchemy Core: jobs, runs, leases, supervisors, the
-notification outbox. It records facts; it never formats notices or decides schedules."""
+notification outbox, behind the :class:`Store` facade (:mod:`.facade` says which module owns what). It
+records facts; it never formats notices or decides schedules."""
 
-from mjsched_isolated.store.core import Claim, Store, is_permanent_error
+from mjsched_isolated.store.errors import is_permanent_error
+from mjsched_isolated.store.facade import Store
+from mjsched_isolated.store.records import (
+                                            AbandonedRun,
+                                            Claim,
+                                            InflightRun,
+                                            JobRow,
+                                            NextDueJob,
+                                            NotificationRow,
+                                            OutboxRow,
+                                            RecentFailure,
+                                            RunRow,
+                                            RunView,
+                                            SupervisorRow,
+                                            SupervisorStatus,
+)
 
-__all__ = ["Claim", "Store", "is_permanent_error"]
+__all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "NextDueJob", "NotificationRow", "OutboxRow",
+           "RecentFailure", "RunRow", "RunView", "Store", "SupervisorRow", "SupervisorStatus",
+           "is_permanent_error"]

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 import msgspec
 import sqlalchemy as sa
@@ -93,7 +94,10 @@ def _scripts() -> ScriptDirectory:
 
 def head_revision() -> str:
     """This code's newest revision id, e.g. ``"0002"``."""
-    return _scripts().get_current_head()
+    head = _scripts().get_current_head()
+    if head is None:
+        raise RuntimeError("the migrations folder has no revision")  # a broken checkout, not user input
+    return head
 
 
 def _status(conn: Connection) -> SchemaStatus:
@@ -205,7 +209,7 @@ def upgrade(engine: Engine, *, only_if_empty: bool = False) -> tuple[SchemaStatu
         if before.state != "current" and (before.state == "empty" or not only_if_empty):
             cfg = config(conn)
             with _quiet_alembic():
-                if before.state == "legacy":
+                if before.state == "legacy" and before.current is not None:
                     command.stamp(cfg, before.current)
                 command.upgrade(cfg, "head")
             # creating the schema of a new database is routine (DEBUG); changing an existing one is news
@@ -242,4 +246,6 @@ def new_revision(message: str) -> str:
     path; fill in upgrade() by hand with explicit op.* calls."""
     rev_id = f"{int(head_revision()) + 1:04d}"
     script = command.revision(config(), message, rev_id=rev_id)
+    if script is None or isinstance(script, list):
+        raise RuntimeError(f"alembic wrote no single revision for {message!r}")
     return script.path

@@ -17,10 +17,18 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Engine
 
-from mjsched_isolated.enums import (ConcurrencyMode, JobStatus, MissedRunPolicy, NotificationEvent,
-                                    NotificationStatus, Priority, RunStatus, values)
+from mjsched_isolated.enums import (
+    ConcurrencyMode,
+    JobStatus,
+    MissedRunPolicy,
+    NotificationEvent,
+    NotificationStatus,
+    Priority,
+    RunStatus,
+    values,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 JOB_STATUSES = values(JobStatus)
 RUN_STATUSES = values(RunStatus)
@@ -214,7 +222,8 @@ notifications = sa.Table(
 def create_engine(url: str, *, auto_upgrade: bool = False) -> Engine:
     """An engine whose schema is at this code's revision: an empty database is migrated to head, an
     outdated one only with ``auto_upgrade``, else :class:`migrate.SchemaError` (see :mod:`.migrate`)."""
-    from mjsched_isolated.store import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays importable without it
+    # imported here: migrate imports alembic; schema stays importable without it
+    from mjsched_isolated.store import migrate
 
     engine = connect(url)
     try:
@@ -231,7 +240,7 @@ def connect(url: str) -> Engine:
         engine = sa.create_engine(url, connect_args={"timeout": 30})
 
         @sa.event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
+        def _sqlite_pragmas(dbapi_conn, _record):
             cursor = dbapi_conn.cursor()
             if url not in ("sqlite://", "sqlite:///:memory:"):
                 cursor.execute("PRAGMA journal_mode=WAL")
@@ -250,6 +259,7 @@ def db_now(dialect_name: str) -> sa.ColumnElement:
 
 def db_now_plus(dialect_name: str, seconds: float) -> sa.ColumnElement:
     """The database's current UTC time plus ``seconds``, as a SQL expression."""
+    expr: sa.ColumnElement
     if dialect_name == "sqlite":
         expr = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{seconds:+.6f} seconds")
     elif dialect_name == "postgresql":

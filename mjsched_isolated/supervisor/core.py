@@ -315,7 +315,8 @@ class Supervisor:
         self._forget_fixed_bad_jobs()
         self._warn_high_frequency(now)
         abandoned = [] if self._holding_takeovers(now) else self.store.abandon_orphaned_runs(
-            exclude_run_ids=set(self.inflight), notice_channels=self.settings.notifications.channels())
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
         if abandoned:
             self._wake_sender()
         for run in abandoned:

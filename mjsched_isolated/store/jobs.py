@@ -1,0 +1,198 @@
+"""Job definitions (add, update, remove, read) and what the poll loop reads and writes of them: due jobs,
+the next due time, and the compare-and-set of ``next_run_at`` (reference-engine-spec.md §2: one
+conditional UPDATE judged by its row count, never read-then-write)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Set as AbstractSet
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy
+from mjsched_isolated.errors import InputError, NotFoundError
+from mjsched_isolated.store import schema
+from mjsched_isolated.store.errors import is_constraint_violation
+from mjsched_isolated.store.outbox import insert_notices
+from mjsched_isolated.store.predicates import lease_free
+from mjsched_isolated.store.records import JobRow, OutboxRow, Values
+from mjsched_isolated.store.schema import jobs, runs
+
+
+def _job_rows(result: sa.CursorResult[Any]) -> list[JobRow]:
+    return [cast(JobRow, dict(r)) for r in result.mappings()]
+
+
+def _with_json_configuration(values: Values) -> Values:
+    """``values`` with a non-text ``configuration`` stored as JSON text."""
+    if values.get("configuration") is not None and not isinstance(values["configuration"], str):
+        return {**values, "configuration": json.dumps(values["configuration"])}
+    return values
+
+
+class Jobs:
+    """The ``jobs`` table, but its lease columns (those are :mod:`.leases`'s)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    # -- management --------------------------------------------------------------------------------
+    def add_job(self, values: Values, now: dt.datetime) -> int:
+        """Insert a job; ``values`` are column values (a non-text ``configuration`` is stored as JSON).
+        Returns its id. Raises :class:`InputError` (field ``name``) if the name is taken, (field ``job``)
+        if the database refuses the row otherwise."""
+        row = {**_with_json_configuration(values), "created_at": now, "updated_at": now}
+        try:
+            with self.engine.begin() as conn:
+                key = conn.execute(jobs.insert().values(**row)).inserted_primary_key
+                assert key is not None  # an INSERT of one row always has one
+                return int(key[0])
+        except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
+            if not is_constraint_violation(exc):
+                raise
+            with self.engine.connect() as conn:
+                taken = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == values.get("name"))).first()
+            if taken:
+                raise InputError("name", f"a job named {values['name']!r} already exists") from None
+            raise InputError("job", f"rejected by the database: {exc.orig}") from None
+
+    def update_job(self, name: str, values: Values, now: dt.datetime) -> None:
+        """Update the given (non-lease) columns of job ``name``. Raises :class:`NotFoundError`."""
+        stmt = jobs.update().where(jobs.c.name == name).values(**_with_json_configuration(values), updated_at=now)
+        with self.engine.begin() as conn:
+            if conn.execute(stmt).rowcount != 1:
+                raise NotFoundError("name", f"no job named {name!r}")
+
+    def remove_job(self, name: str) -> None:
+        """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+        with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
+            conn.execute(runs.delete().where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
+            if conn.execute(jobs.delete().where(jobs.c.name == name)).rowcount != 1:
+                raise NotFoundError("name", f"no job named {name!r}")
+
+    def get_job(self, name: str) -> JobRow:
+        """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.name == name)).mappings().first()
+        if row is None:
+            raise NotFoundError("name", f"no job named {name!r}")
+        return cast(JobRow, dict(row))
+
+    def get_job_by_id(self, job_id: int) -> JobRow | None:
+        """Job ``job_id``, or None if there is none."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+        return None if row is None else cast(JobRow, dict(row))
+
+    def list_jobs(self) -> list[JobRow]:
+        """Every job, by name."""
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(sa.select(jobs).order_by(jobs.c.name)))
+
+    # -- what the poll loop reads ------------------------------------------------------------------
+    def _dispatchable(self, exclude: AbstractSet[int]) -> list[sa.ColumnElement[bool]]:
+        """Active, scheduled, not excluded, and not waiting: a Queue job (or a RunAll job, which never
+        drops an occurrence) waits while its lease is live."""
+        queue_waiting = sa.and_(sa.or_(jobs.c.concurrency_mode == ConcurrencyMode.QUEUE,
+                                       jobs.c.missed_run_policy == MissedRunPolicy.RUN_ALL),
+                                sa.not_(lease_free(self.dialect)))
+        conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), sa.not_(queue_waiting)]
+        if exclude:
+            conds.append(jobs.c.id.not_in(sorted(exclude)))
+        return conds
+
+    def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()) -> list[JobRow]:
+        """Jobs with ``next_run_at <= now``, earliest first (an index range on ``(status, next_run_at)``).
+        A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
+        ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
+        query = (sa.select(jobs).where(*self._dispatchable(exclude), jobs.c.next_run_at <= now)
+                 .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(query))
+
+    def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
+        """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
+        of an ordered index walk, not a scan."""
+        query = (sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude))
+                 .order_by(jobs.c.next_run_at).limit(1))
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar()
+
+    def active_jobs_signature(self) -> tuple[int, dt.datetime | None]:
+        """(count, latest ``updated_at``) of Active jobs: a cheap way to notice that any of them changed."""
+        query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(jobs.c.updated_at), schema.UTCDateTime)).where(
+            jobs.c.status == JobStatus.ACTIVE)
+        with self.engine.connect() as conn:
+            count, latest = conn.execute(query).one()
+        return count, latest
+
+    def unscheduled_active_jobs(self) -> list[JobRow]:
+        """Active jobs without a ``next_run_at`` (new, resumed or edited outside the CLI)."""
+        query = sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_(None))
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(query))
+
+    def active_jobs(self) -> list[JobRow]:
+        """Every Active job."""
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE)))
+
+    def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
+                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        notices: list[OutboxRow] | None = None) -> bool:
+        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
+        occurrence; ``status`` optionally changes the status too (e.g. Expired). ``notices``: outbox rows
+        written in the same transaction, only if it won. True if it won."""
+        cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
+        values: Values = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
+        if skipped:
+            values["skipped_count"] = jobs.c.skipped_count + 1
+        if status:
+            values.update(status=status, updated_at=now)
+        with self.engine.begin() as conn:
+            won = conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
+            if won and notices:
+                insert_notices(conn, self.dialect, notices)
+            return won
+
+    def queue_now(self, job_id: int, now: dt.datetime) -> bool:
+        """Queue mode's manual run: make the job's pending occurrence due now (if it is not already due).
+        True if it changed."""
+        stmt = jobs.update().where(jobs.c.id == job_id, sa.or_(jobs.c.next_run_at.is_(None), jobs.c.next_run_at > now)
+                                   ).values(next_run_at=now)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    # -- next_run_at values a SQLite file can hold but not be read (edited by hand) -----------------
+    def repair_next_run_at(self, job_id: int, next_run_at: dt.datetime | None) -> bool:
+        """Replace a ``next_run_at`` that cannot be read (a number or hand-edited text in a SQLite file; the
+        other databases type their columns) with ``next_run_at``. Only a value still unreadable is replaced,
+        so two supervisors repairing at once cannot bring back an occurrence one of them already claimed.
+        True if this call replaced it."""
+        if self.dialect != "sqlite":
+            return False
+        with self.engine.begin() as conn:
+            stmt = jobs.update().where(jobs.c.id == job_id, _unreadable_next_run_at())
+            return conn.execute(stmt.values(next_run_at=next_run_at)).rowcount == 1
+
+    def unreadable_next_run_at_jobs(self) -> list[JobRow]:
+        """Active jobs whose stored ``next_run_at`` cannot be read (SQLite only; see :meth:`repair_next_run_at`),
+        wherever it sorts: ISO text such as ``2026-12-01T00:00:00Z`` sorts after every real timestamp of that
+        day, so such a row would never come due."""
+        if self.dialect != "sqlite":
+            return []
+        query = sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE, _unreadable_next_run_at())
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(query))
+
+
+def _unreadable_next_run_at() -> sa.ColumnElement[bool]:
+    """SQLite: a ``next_run_at`` that is not text in the store's exact form (:data:`schema.SQLITE_EXACT_FORM`)."""
+    col = sa.type_coerce(jobs.c.next_run_at, sa.String)
+    exact = col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
+    return sa.and_(jobs.c.next_run_at.is_not(None),
+                   sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text", sa.not_(exact)))
