@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from mjsched_isolated.config import Settings
 from mjsched_isolated.supervisor.pool import Pool
 from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import Supervisor, utcnow
+from mjsched_isolated.supervisor import Supervisor, utcnow
 
 FIXTURE_PLUGINS = str(Path(__file__).parent / "fixture_plugins")
 UTC = dt.timezone.utc
@@ -124,19 +124,24 @@ def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
 
 
 class Driver:
-    """Runs a real Supervisor + Pool in this process, step by step, like ``serve`` but without signals.
+    """Runs a Supervisor in this process, cycle by cycle (``Supervisor.cycle``: step, wait, events), like
+    ``serve`` but without signals. The pool is a real spawn :class:`Pool` unless ``pool`` is given (the
+    in-process :class:`fakes.FakePool`).
 
-    ``until(cond, timeout_s)`` loops step -> pool.wait -> on_events until ``cond()`` holds; it fails the
-    test if ``timeout_s`` passes first. Every wait is bounded; nothing sleeps.
+    ``until(cond, timeout_s)`` runs cycles until ``cond()`` holds; it fails the test if ``timeout_s`` passes
+    first. Every wait is bounded; nothing sleeps.
     """
 
-    def __init__(self, store: Store, db_url: str, **settings) -> None:
+    def __init__(self, store: Store, db_url: str, *, pool=None, **settings) -> None:
         settings.setdefault("plugins_dir", FIXTURE_PLUGINS)
         settings.setdefault("max_concurrent_jobs", 2)
         self.settings = Settings(database_url=db_url, **settings)
-        self.pool = Pool.from_settings(self.settings)
+        self.pool = pool if pool is not None else Pool.from_settings(self.settings)
         self.supervisor = Supervisor(self.settings, store, self.pool)
-        self.max_inflight = 0
+
+    @property
+    def max_inflight(self) -> int:
+        return self.supervisor.peak_inflight
 
     def start(self) -> "Driver":
         self.pool.start()
@@ -151,12 +156,7 @@ class Driver:
             left = give_up - time.monotonic()
             if left <= 0:
                 pytest.fail(f"condition not met within {timeout_s} s")
-            wake = self.supervisor.step(*self.supervisor.read_clock())
-            wait_s = min(max(0.0, (wake - self.supervisor.read_clock()[0]).total_seconds()), left)
-            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
-            events, _ = self.pool.wait(wait_s)
-            self.supervisor.on_events(events, self.supervisor.read_clock()[0])
-            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
+            self.supervisor.cycle(max_wait_s=left)
 
     def close(self) -> None:
         self.pool.close()
