@@ -31,7 +31,8 @@ The path from "job is due" to "run recorded", one :meth:`Supervisor.cycle` (``lo
     (run row, job stats, lease release,
      outbox notices: one txn)                        notifier.py (thread) delivers the outbox
 
-Parts (one owner each): ``loop.py`` Supervisor (serve, cycle, run_now, signals, shutdown and drain);
+Parts (one owner each): ``loop.py`` Supervisor (serve, cycle, signals, shutdown and drain);
+``manual.py`` manual runs (``jobs run``) on the same cycle;
 ``clock.py`` clocks and jumps; ``dispatch.py`` the sweep, the per-job decision, claim + submit, bad
 jobs; ``advice.py`` what is logged about the job set and plugins; ``guard.py`` runs in flight
 (deadlines, heartbeats, fences, cancellation, deaths); ``recording.py`` outcomes, pending and refused

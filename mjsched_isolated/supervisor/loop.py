@@ -16,6 +16,7 @@ from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings, redact_url
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor import manual
 from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.dispatch import Dispatcher
@@ -144,7 +145,6 @@ class Supervisor:
         now, mono = self.read_clock()
         self._act_on_stop_requests(now, mono)
         wake = self.step(now, mono)
-        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
         if self.done:
             return []
         timeout_s = (wake - self.read_clock()[0]).total_seconds()  # step() time must not delay the wake
@@ -154,7 +154,6 @@ class Supervisor:
             timeout_s = min(timeout_s, max_wait_s)
         events, woken = self.pool.wait(max(0.0, timeout_s), list(extra))
         self.on_events(events, self.read_clock()[0])
-        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
         self.metrics.loop_completed(time.monotonic())
         return woken
 
@@ -162,6 +161,11 @@ class Supervisor:
         """Keep the liveness lease, record late results, enforce deadlines, rescan, dispatch. Returns when
         the loop must wake at the latest (next due time, deadline, renewal or rescan, whichever is first).
         ``now`` is database time; ``mono`` the monotonic clock (for the lease's local validity)."""
+        wake = self._step(now, mono)
+        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
+        return wake
+
+    def _step(self, now: dt.datetime, mono: float) -> dt.datetime:
         now = self._settle(now, mono)
         self.recorder.retry_pending()
         self.guard.enforce_deadlines(now)
@@ -309,42 +313,9 @@ class Supervisor:
 
     # -- manual runs ------------------------------------------------------------------------------
     def run_now(self, job: dict, *, ready_timeout_s: float) -> int | None:
-        """``jobs run NAME``: run ``job`` once now, through a worker, and wait for it to be recorded.
-
-        Nothing else is dispatched (``scheduling`` is off). Skip and Queue jobs need the job's lease, so a
-        live run refuses the request (None is returned); Concurrent jobs always start. The schedule
-        (``next_run_at``) is left as it is. Raises ``TimeoutError`` if no worker is ready within
-        ``ready_timeout_s`` seconds or the database cannot be registered with, ``LookupError`` for a job
-        type no worker has. Reads clocks: it is an outer loop, like :meth:`serve`. Returns the run id."""
-        self.scheduling = False
-        self.pool.start()
-        try:
-            return self._run_now(job, ready_timeout_s)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run is cancelled and its lease released
-            self.guard.cancel_all(self.read_clock()[0], "interrupted: `jobs run` was stopped")
-            raise
-        finally:
-            self.liveness.stop()
-
-    def _run_now(self, job: dict, ready_timeout_s: float) -> int | None:
-        give_up = time.monotonic() + ready_timeout_s
-        while not self.pool.idle_workers():
-            if time.monotonic() >= give_up:
-                raise TimeoutError(f"no worker became ready within {ready_timeout_s:.0f} s")
-            self.cycle(max_wait_s=give_up - time.monotonic())
-        known = {p.job_type for p in self.pool.last_ready.plugins} if self.pool.last_ready else set()
-        if job["job_type"] not in known:
-            raise LookupError(f"job_type {job['job_type']!r} is not available (see `plugins list`)")
-        now, mono = self.read_clock()
-        self.keep_lease(now, mono)
-        if not self.liveness.valid(mono):
-            raise TimeoutError("could not register with the database")
-        flight = self.dispatcher.claim(job, now, job["next_run_at"], self.pool.idle_workers()[0], scheduled_at=None)
-        if flight is None:
-            return None
-        while flight.run_id in self.inflight or self.recorder.pending:
-            self.cycle()
-        return flight.run_id
+        """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
+        :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
+        return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
 
 
 def _drain_socket(sock: socket.socket) -> None:
