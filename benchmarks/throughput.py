@@ -9,7 +9,7 @@ For each cap (``max_concurrent_jobs``) and each repetition, in this process:
 1. a fresh SQLite file in a temporary directory (under ``--db-dir`` if given) gets K Active jobs of type
    ``noop`` (``benchmarks/plugins/noop.py``) with cron ``0 0 1 1 *``, so each job runs exactly once, all
    parked at a ``next_run_at`` one day away;
-2. a real :class:`~mjsched_isolated.supervisor.core.Supervisor` with its :class:`~mjsched_isolated.supervisor.pool.Pool`
+2. a real :class:`~mjsched_isolated.supervisor.Supervisor` with its :class:`~mjsched_isolated.supervisor.pool.Pool`
    is driven step by step (``step`` -> ``pool.wait`` -> ``on_events``, like ``serve`` without signals,
    like ``tests/conftest.py``'s ``Driver``) until every worker has said Ready, so spawn time is not
    measured;
@@ -64,7 +64,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.supervisor.pool import Pool
 from mjsched_isolated.store.schema import jobs, runs
 from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import Supervisor, utcnow
+from mjsched_isolated.supervisor import Supervisor, utcnow
 
 PLUGINS_DIR = str(Path(__file__).resolve().parent / "plugins")
 CRON_ONCE = "0 0 1 1 *"  # next occurrence after a claim is months away: each job runs once

@@ -7,20 +7,21 @@ import datetime as dt
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
 import sqlalchemy as sa
+from fakes import FakePool, memory_store
 
 from mjsched_isolated.config import Settings
-from mjsched_isolated.supervisor.pool import Pool
 from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import Supervisor, utcnow
+from mjsched_isolated.supervisor import Supervisor, utcnow
+from mjsched_isolated.supervisor.pool import Pool
 
 FIXTURE_PLUGINS = str(Path(__file__).parent / "fixture_plugins")
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 POSTGRES_URL = os.environ.get("MJSCHED_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -124,21 +125,26 @@ def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
 
 
 class Driver:
-    """Runs a real Supervisor + Pool in this process, step by step, like ``serve`` but without signals.
+    """Runs a Supervisor in this process, cycle by cycle (``Supervisor.cycle``: step, wait, events), like
+    ``serve`` but without signals. The pool is a real spawn :class:`Pool` unless ``pool`` is given (the
+    in-process :class:`fakes.FakePool`).
 
-    ``until(cond, timeout_s)`` loops step -> pool.wait -> on_events until ``cond()`` holds; it fails the
-    test if ``timeout_s`` passes first. Every wait is bounded; nothing sleeps.
+    ``until(cond, timeout_s)`` runs cycles until ``cond()`` holds; it fails the test if ``timeout_s`` passes
+    first. Every wait is bounded; nothing sleeps.
     """
 
-    def __init__(self, store: Store, db_url: str, **settings) -> None:
+    def __init__(self, store: Store, db_url: str, *, pool=None, **settings) -> None:
         settings.setdefault("plugins_dir", FIXTURE_PLUGINS)
         settings.setdefault("max_concurrent_jobs", 2)
         self.settings = Settings(database_url=db_url, **settings)
-        self.pool = Pool.from_settings(self.settings)
+        self.pool = pool if pool is not None else Pool.from_settings(self.settings)
         self.supervisor = Supervisor(self.settings, store, self.pool)
-        self.max_inflight = 0
 
-    def start(self) -> "Driver":
+    @property
+    def max_inflight(self) -> int:
+        return self.supervisor.peak_inflight
+
+    def start(self) -> Driver:
         self.pool.start()
         self.until(lambda: len(self.pool.idle_workers()) == self.pool.size, 30)
         return self
@@ -151,16 +157,60 @@ class Driver:
             left = give_up - time.monotonic()
             if left <= 0:
                 pytest.fail(f"condition not met within {timeout_s} s")
-            wake = self.supervisor.step(*self.supervisor.read_clock())
-            wait_s = min(max(0.0, (wake - self.supervisor.read_clock()[0]).total_seconds()), left)
-            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
-            events, _ = self.pool.wait(wait_s)
-            self.supervisor.on_events(events, self.supervisor.read_clock()[0])
-            self.max_inflight = max(self.max_inflight, len(self.supervisor.inflight))
+            self.supervisor.cycle(max_wait_s=left)
+
+    def at(self, now: dt.datetime, mono: float) -> None:
+        """One step at the given instant (database time, monotonic seconds), then the events the pool has
+        now (a zero wait), handled at that instant: time passed in, for tests that choose it."""
+        self.supervisor.step(now, mono)
+        events, _ = self.pool.wait(0)
+        self.supervisor.on_events(events, now)
+
+    def timeline(self) -> Callable[[float], dt.datetime]:
+        """``at(seconds)``: :meth:`at` the instant ``seconds`` after now, on both clocks alike (no jump);
+        returns that instant. Never mix it with :meth:`until` (the real clocks) in one test phase."""
+        self.supervisor.keep_lease(*self.supervisor.read_clock())  # registered: the database offset is measured
+        now0, mono0 = self.supervisor.read_clock()
+        # at(0) is just after every job a test added before (the offset estimate is within a millisecond)
+        now0, mono0 = now0 + dt.timedelta(milliseconds=10), mono0 + 0.01
+
+        def at(seconds: float) -> dt.datetime:
+            now = now0 + dt.timedelta(seconds=seconds)
+            self.at(now, mono0 + seconds)
+            return now
+
+        return at
 
     def close(self) -> None:
         self.pool.close()
         self.supervisor.liveness.stop()
+
+
+@pytest.fixture
+def mem_store():
+    """A migrated store on an in-memory SQLite database of its own (see :func:`fakes.memory_store`)."""
+    s = memory_store()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fake_factory(mem_store: Store):
+    """Like ``driver_factory``, on :class:`fakes.FakePool` (plugins run in this process) and ``mem_store``:
+    for tests whose point is a supervisor decision. ``make(**settings)`` returns a started Driver."""
+    made: list[Driver] = []
+
+    def make(**settings) -> Driver:
+        settings.setdefault("plugins_dir", FIXTURE_PLUGINS)
+        settings.setdefault("max_concurrent_jobs", 2)
+        pool = FakePool(settings["max_concurrent_jobs"], settings["plugins_dir"])
+        d = Driver(mem_store, "sqlite://", pool=pool, **settings)
+        made.append(d)
+        return d.start()
+
+    yield make
+    for d in made:
+        d.close()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 from mjsched_isolated.supervisor.liveness import Liveness
 from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import utcnow
+from mjsched_isolated.supervisor import utcnow
 
 
 class SlowStore(Store):

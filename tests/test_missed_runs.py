@@ -4,17 +4,17 @@ catch-up through a real supervisor."""
 from __future__ import annotations
 
 import datetime as dt
-import json
+import itertools
 import time
 
 import pytest
-
 from conftest import add_job
+
 from mjsched_isolated import planner
 from mjsched_isolated.store.schema import jobs
-from mjsched_isolated.supervisor.core import utcnow
+from mjsched_isolated.supervisor import utcnow
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SCHEDULED = dt.datetime(2026, 8, 8, 9, 0, tzinfo=UTC)
 NEXT = dt.datetime(2026, 8, 8, 10, 0, tzinfo=UTC)
 
@@ -43,7 +43,7 @@ def test_reference_runall_drain_consumes_the_backlog_oldest_first_then_stops():
     scheduled = SCHEDULED
     for _ in range(6):
         following = scheduled + dt.timedelta(hours=1)
-        action, advance = planner.decide_missed_run("RunAll", scheduled, following, at(14))
+        _action, advance = planner.decide_missed_run("RunAll", scheduled, following, at(14))
         consumed.append(scheduled.hour)
         if advance == "Now":
             break
@@ -152,8 +152,9 @@ def _runs(store, name):
     return sorted(store.list_runs(job_name=name, limit=1000), key=lambda r: r["scheduled_at"])
 
 
-def test_catch_up_after_downtime_goes_through_the_cap_and_is_visible(store, driver_factory):
-    d = driver_factory(max_concurrent_jobs=2)
+def test_catch_up_after_downtime_goes_through_the_cap_and_is_visible(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2)
     now = utcnow().replace(minute=0, second=0, microsecond=0)
     five_hours_ago = now - dt.timedelta(hours=5)
     add_job(store, "all", "ok", "0 * * * *", next_run_at=five_hours_ago, missed_run_policy="RunAll")
@@ -193,29 +194,53 @@ def test_human_interval_wording():
         "1 minute", "1 minute 30 seconds", "30 seconds", "500 ms", "5 minutes"]
 
 
-def test_high_frequency_jobs_are_listed_once_at_start_and_again_when_they_change(store, driver_factory, caplog):
+def test_high_frequency_jobs_are_listed_once_at_start_and_again_when_they_change(mem_store, fake_factory, caplog):
+    store = mem_store
     add_job(store, "fast", "ok", "*/30 * * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
     add_job(store, "slow", "ok", "*/5 * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
-    d = driver_factory(rescan_interval_s=0.1)
-    d.until(lambda: "fire more often" in caplog.text)
+    d = fake_factory(rescan_interval_s=0.1)
+    at = d.timeline()
+    at(0)
+    assert "1 job(s) fire more often" in caplog.text
     assert "fast: '*/30 * * * * *' (UTC) every 30 seconds" in caplog.text and "slow:" not in caplog.text
-    first_rescan = d.supervisor.next_rescan_at
-    d.until(lambda: d.supervisor.next_rescan_at > first_rescan + dt.timedelta(seconds=0.3))
+    for t in (0.2, 0.4, 0.6):
+        at(t)  # rescans
     assert caplog.text.count("fire more often") == 1  # not repeated while nothing changes
     add_job(store, "faster", "ok", "* * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
-    d.until(lambda: caplog.text.count("fire more often") == 2)
+    at(0.8)
+    assert caplog.text.count("fire more often") == 2 and "2 job(s) fire more often" in caplog.text
     assert "faster: '* * * * *' (UTC) every 1 minute" in caplog.text
+
+
+def test_high_frequency_advice_is_one_line_for_thousands_of_jobs(mem_store, fake_factory, caplog):
+    """2,000 frequent jobs gave 2,000 lines of advice (issue 10): now one line, naming the shortest few."""
+    store = mem_store
+    later = utcnow() + dt.timedelta(days=1)
+    now = utcnow()
+    store.add_job({"name": "every-second", "job_type": "ok", "cron_expression": "* * * * * *", "status": "Active",
+                   "next_run_at": later}, now)
+    for i in range(300):
+        store.add_job({"name": f"minutely-{i:03d}", "job_type": "ok", "cron_expression": "* * * * *",
+                       "status": "Active", "next_run_at": later}, now)
+    d = fake_factory()
+    d.timeline()(0)
+    (advice,) = [r.getMessage() for r in caplog.records if "fire more often" in r.getMessage()]
+    assert "\n" not in advice and len(advice) < 600
+    assert advice.startswith("301 job(s) fire more often than every 5 minutes")
+    assert "every-second: '* * * * * *' (UTC) every 1 second" in advice  # the shortest comes first
+    assert advice.count("every 1 minute") == 4 and advice.endswith("; and 296 more")
 
 
 # -- clock jumps (time is passed in: step() is driven with chosen instants) -------------------------------
 def _step_until_idle(d, now, mono):
-    """One step at the given clock, then collect what the children report (bounded)."""
-    d.supervisor.step(now, mono)
-    d.until(lambda: not d.supervisor.inflight, 10)
+    """One step at the given clock, then what the (fake) pool reports, at that clock."""
+    d.at(now, mono)
+    assert not d.supervisor.inflight
 
 
-def test_forward_jump_applies_the_missed_run_policy_at_once(store, driver_factory):
-    d = driver_factory()
+def test_forward_jump_applies_the_missed_run_policy_at_once(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory()
     t = (utcnow() + dt.timedelta(days=1)).replace(minute=0, second=0, microsecond=0)  # a future occurrence
     add_job(store, "hourly", "ok", "0 * * * *", next_run_at=t)
     add_job(store, "skipper", "ok", "0 * * * *", next_run_at=t, missed_run_policy="Skip")
@@ -230,8 +255,9 @@ def test_forward_jump_applies_the_missed_run_policy_at_once(store, driver_factor
     assert store.list_runs(job_name="skipper") == [] and store.get_job("skipper")["skipped_count"] == 1
 
 
-def test_backward_step_never_suppresses_the_next_due_run(store, driver_factory):
-    d = driver_factory()
+def test_backward_step_never_suppresses_the_next_due_run(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory()
     t = (utcnow() + dt.timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
     add_job(store, "hourly", "ok", "0 * * * *", next_run_at=t)
     mono = time.monotonic()
@@ -242,32 +268,36 @@ def test_backward_step_never_suppresses_the_next_due_run(store, driver_factory):
     assert [r["scheduled_at"] for r in store.list_runs(job_name="hourly")] == [t + dt.timedelta(hours=1), t]
 
 
-def _one_slow_run_in_flight(d, store, seconds):
-    """Start one ``sleep`` run; return (its InFlight, its deadline, the supervisor's clock reading)."""
-    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": seconds}))
+def _one_held_run_in_flight(d, store):
+    """Start one run the fake pool holds; return (its InFlight, its deadline, the supervisor's clock reading)."""
+    d.pool.hold("slow")
+    add_job(store, "slow", "ok", "0 0 1 1 *")
     d.until(lambda: bool(d.supervisor.inflight))
     (flight,) = d.supervisor.inflight.values()
     return flight, flight.deadline, d.supervisor.read_clock()
 
 
-def test_forward_jump_keeps_in_flight_runs_alive_with_the_time_they_had_left(store, driver_factory):
+def test_forward_jump_keeps_in_flight_runs_alive_with_the_time_they_had_left(mem_store, fake_factory):
     """A machine waking from suspend (or an NTP step forward) must not kill runs as Timeout for time they
     never used: each keeps its remaining time, in memory and in its run row and job lease."""
-    d = driver_factory()
-    flight, before, (now, mono) = _one_slow_run_in_flight(d, store, 2)
+    store = mem_store
+    d = fake_factory(lease_timeout_s=2.0)
+    flight, before, (now, mono) = _one_held_run_in_flight(d, store)
     d.supervisor.step(now + dt.timedelta(hours=1), mono + 0.5)  # one hour of wall time, half a second lived
     assert flight.run_id in d.supervisor.inflight  # not killed
     moved = flight.deadline - before
     assert dt.timedelta(minutes=59) < moved < dt.timedelta(minutes=61)
     assert store.get_run(flight.run_id)["deadline_at"] == flight.deadline
+    d.pool.finish(flight.run_id)
     d.until(lambda: not d.supervisor.inflight)  # back on the real clock: the deadline moves back too
     assert flight.deadline - before < dt.timedelta(seconds=5)
     assert store.get_run(flight.run_id)["status"] == "Completed"
 
 
-def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(store, driver_factory):
-    d = driver_factory()
-    flight, before, (now, mono) = _one_slow_run_in_flight(d, store, 30)
+def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory()
+    flight, before, (now, mono) = _one_held_run_in_flight(d, store)
     d.supervisor.step(now, mono)
     # a job activated behind the supervisor's back (no next_run_at), then the wall clock is stepped back 1 h
     job = add_job(store, "activated", "ok", "0 0 1 1 *")
@@ -278,18 +308,20 @@ def test_backward_step_neither_stretches_deadlines_nor_stops_the_sweep(store, dr
     assert abs(flight.deadline + dt.timedelta(hours=1) - before) < dt.timedelta(seconds=2)  # same time left
 
 
-def test_after_a_forward_jump_other_supervisors_leases_are_left_alone_until_they_could_renew(store, driver_factory):
+def test_after_a_forward_jump_other_supervisors_leases_are_left_alone_until_they_could_renew(mem_store, fake_factory):
     """After a forward step of the shared database clock every lease looks expired, the live ones too: a
     supervisor that noticed the jump must give the others one renewal interval before it abandons their
     runs or takes their job leases (a fresh-user audit saw a healthy run abandoned and fenced)."""
-    d = driver_factory(lease_renew_interval_s=2.0, rescan_interval_s=0.5)
+    store = mem_store
+    d = fake_factory(lease_renew_interval_s=2.0, rescan_interval_s=0.5)
     sup = d.supervisor
+    now, mono = sup.read_clock()
+    sup.step(now, mono)  # registered, swept: the next sweep is 0.5 s away (explicit time from here on)
     store.register_supervisor("other-host-1", "other", 1, -10.0)  # its lease "looks" expired, as after the jump
     job = add_job(store, "theirs", "ok", "* * * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
     claim = store.claim(job, now=utcnow(), next_run_at=job["next_run_at"] + dt.timedelta(seconds=1),
                         instance="other-host-1", lease_s=600, deadline_at=utcnow() + dt.timedelta(minutes=10),
                         scheduled_at=job["next_run_at"])
-    now, mono = sup.read_clock()
     sup.step(now, mono)
     jumped = job["next_run_at"] + dt.timedelta(seconds=2)  # its next occurrence is due, its lease is held
     sup.step(jumped, mono + 0.5)
@@ -301,8 +333,8 @@ def test_after_a_forward_jump_other_supervisors_leases_are_left_alone_until_they
     assert store.get_run(claim.run_id)["status"] == "Failed"
 
 
-def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(store, driver_factory):
-    d = driver_factory()
+def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(mem_store, fake_factory):
+    d = fake_factory()
     sup = d.supervisor
     local, mono = utcnow(), time.monotonic()
     sup.notice_clock_jump(local, mono)  # a baseline (the driver's own readings came before)
@@ -312,15 +344,22 @@ def test_a_wall_clock_jump_is_noticed_and_forces_a_fresh_database_clock_reading(
     assert sup.notice_clock_jump(local - dt.timedelta(hours=2), mono + 7) is True  # stepped back
 
 
-def test_runall_catch_up_runs_wait_for_each_other_even_in_skip_mode(store, driver_factory):
+def test_runall_catch_up_runs_wait_for_each_other_even_in_skip_mode(mem_store, fake_factory):
     """A backlog is due all at once; each catch-up run must wait for the previous one, not be skipped."""
-    d = driver_factory(max_concurrent_jobs=3)
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=3)
+    d.pool.hold()
     now = utcnow().replace(minute=0, second=0, microsecond=0)
-    add_job(store, "slow-all", "sleep", "0 * * * *", next_run_at=now - dt.timedelta(hours=3),
-            missed_run_policy="RunAll", configuration='{"seconds": 0.3}')
+    add_job(store, "slow-all", "ok", "0 * * * *", next_run_at=now - dt.timedelta(hours=3), missed_run_policy="RunAll")
+    for _ in range(4):
+        d.until(lambda: len(d.pool.held) == 1)
+        d.until(lambda: d.supervisor.next_rescan_at is not None)  # at least one more step with the run live
+        assert len(d.pool.held) == 1 and len(d.supervisor.inflight) == 1  # never two at once
+        d.pool.finish(d.pool.held[0])
+        d.until(lambda: not d.supervisor.inflight or len(d.pool.held) == 1)
     d.until(lambda: len([r for r in _runs(store, "slow-all") if r["status"] == "Completed"]) >= 4)
     runs = _runs(store, "slow-all")
     assert [r["scheduled_at"] for r in runs[:4]] == [now - dt.timedelta(hours=h) for h in (3, 2, 1, 0)]
     assert store.get_job("slow-all")["skipped_count"] == 0
-    for a, b in zip(runs, runs[1:]):
+    for a, b in itertools.pairwise(runs):
         assert a["completed_at"] <= b["started_at"]  # one at a time

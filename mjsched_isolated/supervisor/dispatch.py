@@ -1,0 +1,210 @@
+"""From "job is due" to "run handed to a worker": the first half of the supervisor's path.
+
+Every ``rescan_interval_s`` :meth:`Dispatcher.rescan` sweeps: it fails runs of dead supervisors, repairs
+unreadable ``next_run_at`` values, gives unscheduled Active jobs a ``next_run_at`` and logs the advice.
+At every step :meth:`Dispatcher.dispatch_due` reads the due jobs (earliest first, at most one per idle
+worker) and decides each one (:meth:`Dispatcher.decide_one`, rules in :mod:`mjsched_isolated.planner`):
+expired, not yet started, missed (the missed-run policy), unknown job type, or *run*. A run is claimed
+(``Store.claim``: lease + occurrence + Running run row, one transaction) and its ``RunRequest`` sent to
+the worker (:meth:`Dispatcher.claim`). A job whose row cannot be scheduled is set aside as *bad* until
+its row changes; the poll goes on for the others.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mjsched_isolated import notices, planner, protocol
+from mjsched_isolated.config import Settings
+from mjsched_isolated.errors import CronError
+from mjsched_isolated.isotime import iso
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.advice import Advice
+from mjsched_isolated.supervisor.clock import Clock
+from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.metrics import Metrics
+
+log = logging.getLogger("mjsched.supervisor")
+SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
+
+
+class Dispatcher:
+    """Decides due jobs and starts runs into ``inflight`` (the supervisor's dict, run id -> InFlight)."""
+
+    def __init__(self, settings: Settings, store: Store, pool: Any, metrics: Metrics, clock: Clock,
+                 inflight: dict[int, InFlight], wake_sender: Callable[[], None]) -> None:
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        self.metrics = metrics
+        self.clock = clock
+        self.inflight = inflight
+        self.wake_sender = wake_sender
+        self.advice = Advice(store)
+        self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        self.next_rescan_at: dt.datetime | None = None
+
+    # -- the sweep ------------------------------------------------------------------------------------
+    def rescan(self, now: dt.datetime) -> None:
+        """Fail runs of dead supervisors, and give unscheduled Active jobs a next_run_at (e.g. a job activated
+        while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
+        self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        self._forget_fixed_bad_jobs()
+        self.advice.warn_high_frequency(now)
+        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
+        if abandoned:
+            self.wake_sender()
+        for run in abandoned:
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
+        for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
+            if job["id"] not in self.bad_jobs:
+                self._repair_unreadable(job, now)
+        for job in self.store.unscheduled_active_jobs():
+            if job["id"] in self.bad_jobs and self.bad_jobs[job["id"]][0] == job["updated_at"]:
+                continue
+            try:
+                next_run_at = planner.initial_next_run_at(job, now)
+            except SCHEDULE_ERRORS as exc:
+                self._mark_bad(job, str(exc))
+                continue
+            status = "Expired" if next_run_at is None else None
+            if self.store.set_next_run_at(job["id"], None, next_run_at, now, status=status):
+                log.info("job %s scheduled: next_run_at %s", job["name"], iso(next_run_at) if next_run_at else
+                         "none (end_at passed; status Expired)")
+
+    # -- due jobs -------------------------------------------------------------------------------------
+    def dispatch_due(self, now: dt.datetime) -> None:
+        """Claim due jobs, earliest first, for idle workers, and hand them over. Does not wait for runs."""
+        idle = self.pool.idle_workers()
+        if not idle or self.pool.last_ready is None:
+            return
+        known = {p.job_type for p in self.pool.last_ready.plugins}
+        for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
+            if not idle:
+                break
+            if self.decide_one(job, known, now, idle[-1]):
+                idle.pop()
+
+    def next_due_at(self) -> dt.datetime | None:
+        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
+        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+
+    def decide_one(self, job: dict, known: set[str], now: dt.datetime, worker: Any) -> bool:
+        """Run, skip or set aside one due job. True if it took ``worker``."""
+        seen = job["next_run_at"]
+        if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
+            return self._repair_unreadable(job, now)
+        if planner.expired(job, now):
+            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
+                log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
+                            job["name"], iso(job["end_at"]), iso(seen))
+            return False
+        try:
+            if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
+                return self._reschedule(job, planner.initial_next_run_at(job, now), now)
+            decision = planner.decide(job, now, self.settings.max_catchup_runs)
+        except SCHEDULE_ERRORS as exc:  # one bad job must not stop the poll
+            self._mark_bad(job, str(exc))
+            return False
+        next_run_at = decision.next_run_at
+        if not decision.run:
+            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
+                   f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
+                   else "missed and missed_run_policy is Skip")
+            self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
+            return False
+        if job["job_type"] not in known:
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
+                self.metrics.occurrence_skipped("job_type_unavailable")
+                log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
+                          job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
+            return False
+        if self.claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
+            return True
+        if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
+            self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
+                       "a run is still live (concurrency_mode Skip)")
+        return False  # Queue (and RunAll catch-up): the occurrence waits for the live run to end
+
+    def _skip(self, job: dict, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
+              metric: str, event: str, why: str) -> None:
+        """Advance past occurrence ``seen`` without running it, with its notices (one transaction)."""
+        rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
+                                   self.settings.notifications.channels())
+        if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True, notices=rows):
+            self.wake_sender()
+            self.metrics.occurrence_skipped(metric)
+            log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
+
+    # -- claim and hand over --------------------------------------------------------------------------
+    def claim(self, job: dict, now: dt.datetime, next_run_at: dt.datetime | None, worker: Any,
+              scheduled_at: dt.datetime | None) -> InFlight | None:
+        """Claim the occurrence ``scheduled_at`` (None: a manual run) and hand it to ``worker``; the job's
+        ``next_run_at`` becomes ``next_run_at``. Returns the new :class:`InFlight`, None if the claim lost
+        (the lease is held, or another supervisor took the occurrence)."""
+        timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+        deadline = now + dt.timedelta(seconds=timeout_s)
+        claim = self.store.claim(
+            # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
+            job, now=now, next_run_at=next_run_at, instance=self.settings.instance,
+            lease_s=timeout_s + self.settings.lease_ttl_s,
+            deadline_at=deadline, take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
+            only_free_lease=self.clock.holding_takeovers(now),
+            queued_at=planner.queued_at(job, scheduled_at),
+            status="Expired" if next_run_at is None and scheduled_at is not None else None)
+        if claim is None:
+            return None
+        flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
+        flight.scheduled_at = scheduled_at
+        self.inflight[claim.run_id] = flight
+        request = protocol.RunRequest(
+            run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
+            configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
+            deadline_at=deadline.timestamp())
+        try:
+            self.pool.submit(worker, request)
+        except OSError:
+            log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
+                        claim.run_id, extra=log_ctx(flight))
+        self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
+        log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
+                 job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
+                 iso(deadline), extra=log_ctx(flight))
+        return flight
+
+    # -- rows that cannot be scheduled ----------------------------------------------------------------
+    def _mark_bad(self, job: dict, reason: str) -> None:
+        if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
+            log.error("job %s skipped until it is fixed: %s", job["name"], reason)
+        self.bad_jobs[job["id"]] = (job["updated_at"], reason)
+
+    def _forget_fixed_bad_jobs(self) -> None:
+        """Give a bad job another chance once its row has changed (``updated_at`` moved)."""
+        for job_id, (updated_at, _) in list(self.bad_jobs.items()):
+            row = self.store.get_job_by_id(job_id)
+            if row is None or row["updated_at"] != updated_at:
+                del self.bad_jobs[job_id]
+
+    def _repair_unreadable(self, job: dict, now: dt.datetime) -> bool:
+        """Give a job whose stored ``next_run_at`` cannot be read a fresh one from ``now`` (logged)."""
+        try:
+            next_run_at = planner.initial_next_run_at(job, now)
+        except SCHEDULE_ERRORS as exc:
+            self._mark_bad(job, str(exc))
+            return False
+        if self.store.repair_next_run_at(job["id"], next_run_at):
+            log.error("job %s: its next_run_at could not be read (not a timestamp in the store's form; edited by "
+                      "hand?); rescheduled to %s", job["name"], iso(next_run_at), extra=log_ctx(job))
+        return False
+
+    def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
+        if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):
+            log.info("job %s: not before start_at %s; next_run_at moved to %s", job["name"], iso(job["start_at"]),
+                     iso(next_run_at))
+        return False

@@ -1,0 +1,132 @@
+"""What happens to runs while they are in flight: deadline kills, heartbeat extensions, fences,
+cancellations, worker deaths, and moving them with a time jump. Each ending goes to the
+:class:`~mjsched_isolated.supervisor.recording.Recorder`; each kill takes the worker's whole process tree
+(``Pool.kill``) and the pool refills the slot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from mjsched_isolated.config import Settings
+from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.isotime import iso
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.metrics import Metrics
+from mjsched_isolated.supervisor.pool import ChildEvent, describe_exit
+from mjsched_isolated.supervisor.recording import Recorder
+
+log = logging.getLogger("mjsched.supervisor")
+
+
+class RunGuard:
+    """Acts on ``inflight`` (run id -> :class:`InFlight`, the supervisor's own dict): removes a run from it
+    before recording its end, so a run is recorded at most once by this supervisor."""
+
+    def __init__(self, settings: Settings, store: Store, pool: Any, metrics: Metrics, recorder: Recorder,
+                 inflight: dict[int, InFlight]) -> None:
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        self.metrics = metrics
+        self.recorder = recorder
+        self.inflight = inflight
+
+    def enforce_deadlines(self, now: dt.datetime) -> None:
+        """Kill every run past its deadline (whole process tree) and record it Timeout."""
+        for flight in [f for f in self.inflight.values() if now >= f.deadline]:
+            del self.inflight[flight.run_id]
+            pid = flight.worker.pid
+            self.pool.kill(flight.worker)
+            self.metrics.run_killed("deadline")
+            self.recorder.record(flight, now, status="Timeout", success=False,
+                                 error_message=(f"run exceeded its deadline of {flight.timeout_s:g} s "
+                                                f"(started {iso(flight.started_at)}); worker {pid} and its process "
+                                                "tree were killed"))
+
+    def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
+        """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
+        at once, unlike the reference, whose first beat can only count after 5 min), to
+        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
+        if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
+            return
+        deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
+        lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
+        try:
+            extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
+        except Exception as exc:  # noqa: BLE001 - the plugin keeps its current deadline
+            log.warning("run %d: heartbeat not applied (%s)", flight.run_id, _short(exc), extra=log_ctx(flight))
+            return
+        if extended:
+            flight.deadline = deadline
+            flight.last_extended = now
+            log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, iso(deadline),
+                      extra=log_ctx(flight))
+        else:
+            log.warning("run %d of job %s: heartbeat could not extend the lease (token no longer holds it)",
+                        flight.run_id, flight.job_name, extra=log_ctx(flight))
+
+    def fence(self, flight: InFlight, now: dt.datetime, why: str) -> None:
+        """Kill a run this supervisor may no longer hold, before anyone else may legally take the job.
+        Its outcome is recorded only if the run row is still Running (never over another's verdict)."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("fence")
+        log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
+        self.recorder.record(flight, now, status="Failed", success=False,
+                             error_message=f"fenced: run killed because {why}")
+
+    def fence_unheld(self, now: dt.datetime) -> None:
+        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds."""
+        if not self.inflight:
+            return
+        try:
+            held = self.store.held_runs(set(self.inflight))
+        except Exception:  # noqa: BLE001 - checked again at the next renewal
+            held = set(self.inflight)
+        for run_id in set(self.inflight) - held:
+            self.fence(self.inflight[run_id], now,
+                       "its lease was taken over, the run was abandoned, or its job was removed")
+
+    def fence_all(self, now: dt.datetime) -> None:
+        """The liveness lease cannot be trusted locally any more: fence every run."""
+        for flight in list(self.inflight.values()):
+            self.fence(flight, now, f"this supervisor could not renew its lease for "
+                                    f"{self.settings.lease_ttl_s * 0.8:g} s (database unreachable?)")
+
+    def cancel_all(self, now: dt.datetime, reason: str) -> None:
+        """Kill every in-flight run's process tree and record it Cancelled (lease released, not counted)."""
+        for flight in list(self.inflight.values()):
+            del self.inflight[flight.run_id]
+            self.pool.kill(flight.worker)
+            self.metrics.run_killed("shutdown")
+            self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
+
+    def on_death(self, event: ChildEvent, now: dt.datetime) -> None:
+        """A worker died: its run (if any) is Failed with the exit code or signal."""
+        how = describe_exit(event.exitcode)
+        flight = self.inflight.pop(event.run.run_id, None) if event.run is not None else None
+        if flight is None:
+            if event.culprit is None:  # the pool has already named a plugin module that killed it at import
+                log.warning("worker %d exited while idle (%s); slot refilled", event.worker.pid, how)
+            return
+        self.recorder.record(flight, now, status="Failed", success=False,
+                             error_message=f"worker process {event.worker.pid} died during the run ({how})")
+
+    def shift(self, by: dt.timedelta, now: dt.datetime, jump_s: float) -> None:
+        """A time jump of ``by``: each run keeps the time it had left, in memory and in its run row and job
+        lease (token-checked), so a forward jump never kills a run for time it did not use and a backward
+        one never stretches a deadline."""
+        for flight in self.inflight.values():
+            flight.shift(by)
+            lease_s = max(0.0, (flight.deadline - now).total_seconds()) + self.settings.lease_ttl_s
+            try:
+                self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, flight.deadline)
+            except Exception as exc:  # noqa: BLE001 - the run keeps its local deadline; renewal checks the lease
+                log.warning("run %d: deadline not moved in the database (%s)", flight.run_id, _short(exc))
+        if self.inflight:
+            log.warning("time jumped %+.1f s against the monotonic clock; %d in-flight run(s) keep the time "
+                        "they had left", jump_s, len(self.inflight))

@@ -1,0 +1,45 @@
+"""A run this supervisor is executing (:class:`InFlight`), and the log context of runs and jobs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+class InFlight:
+    """A run this supervisor is executing: which worker, under which lease token, until when.
+
+    ``started_at`` and ``deadline`` are database time (aware UTC); ``timeout_s`` the run's allowance in
+    seconds; ``token`` the job lease's token (None for a Concurrent job, which runs without the lease);
+    ``scheduled_at`` the occurrence (None: a manual run); ``job`` the few job fields notices need."""
+
+    def __init__(self, run_id: int, job: dict, token: str | None, worker: Any, started_at: dt.datetime,
+                 deadline: dt.datetime, timeout_s: float) -> None:
+        self.run_id = run_id
+        self.job_id: int = job["id"]
+        self.job_name: str = job["name"]
+        self.job_type: str = job["job_type"]
+        self.token = token
+        self.worker = worker
+        self.started_at = started_at
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
+        self.scheduled_at: dt.datetime | None = None
+        self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
+                                            "notify_recipients")}
+
+    def shift(self, by: dt.timedelta) -> None:
+        """Move every instant of the run by ``by`` (a time jump: the run keeps the time it had left)."""
+        self.deadline += by
+        self.started_at += by
+        if self.last_extended is not None:
+            self.last_extended += by
+
+
+def log_ctx(item: InFlight | dict) -> dict:
+    """``extra=`` for a log call about a run (an :class:`InFlight`) or a job (a row): the JSON log's
+    ``job`` and ``run_id`` fields (see :mod:`mjsched_isolated.logs`)."""
+    if isinstance(item, InFlight):
+        return {"job": item.job_name, "run_id": item.run_id}
+    return {"job": item["name"]}

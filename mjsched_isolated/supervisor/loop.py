@@ -1,0 +1,326 @@
+"""The supervisor's loop: :meth:`Supervisor.cycle` (step + wait + events), used by :meth:`Supervisor.serve`,
+by manual runs (:meth:`Supervisor.run_now`) and by the tests' driver alike; signals, shutdown and drain.
+The decisions live in the parts it calls (see the package docstring for the whole path)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mjsched_isolated import protocol
+from mjsched_isolated.config import Settings, redact_url
+from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.supervisor import manual
+from mjsched_isolated.supervisor import metrics as metrics_mod
+from mjsched_isolated.supervisor.clock import Clock
+from mjsched_isolated.supervisor.dispatch import Dispatcher
+from mjsched_isolated.supervisor.guard import RunGuard
+from mjsched_isolated.supervisor.inflight import InFlight
+from mjsched_isolated.supervisor.liveness import Liveness
+from mjsched_isolated.supervisor.notifier import Notifier
+from mjsched_isolated.supervisor.pool import ChildEvent, Pool
+from mjsched_isolated.supervisor.recording import Recorder
+from mjsched_isolated.supervisor.retention import Pruner
+
+log = logging.getLogger("mjsched.supervisor")
+
+
+class Supervisor:
+    """One supervisor process. ``store`` and ``pool`` are built by the caller (and closed by it); ``pool``
+    is a :class:`~mjsched_isolated.supervisor.pool.Pool` or anything with its interface (the tests' fake)."""
+
+    def __init__(self, settings: Settings, store: Store, pool: Pool, metrics: metrics_mod.Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else metrics_mod.for_settings(settings)
+        self.metrics.track_inflight(lambda: len(self.inflight))
+        pool.on_respawn = self.metrics.worker_respawned
+        self.store = store
+        self.pool = pool
+        self.inflight: dict[int, InFlight] = {}
+        self.peak_inflight = 0  # the most runs in flight at once so far (seen between the loop's phases)
+        self.accepting = True  # False once shutting down: no new runs
+        self.scheduling = True  # False for a manual-run supervisor (`jobs run`): nothing is dispatched
+        self.drain_deadline: dt.datetime | None = None
+        self.done = False
+        self.notifier: Notifier | None = None  # the notification sender, started by serve
+        self.on_delivery_failure = self.metrics.notification_failed  # callable(channel: str), for the sender
+        self.clock = Clock(settings.clock_skew_s,
+                           hold_s=settings.lease_renew_interval_s + settings.rescan_interval_s + 1.0)
+        self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
+                                 self.clock.local_now)
+        self.liveness.on_renewal = self.metrics.lease_renewal
+        self.recorder = Recorder(settings, store, self.metrics, self._wake_sender)
+        self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
+        self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
+                                     self._wake_sender)
+        self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
+        self._signals = 0
+        self._stop_at: float | None = None  # monotonic; serve(run_for_s)
+
+    # -- the parts' state, under the names callers and tests use ----------------------------------
+    @property
+    def pending(self) -> list:
+        return self.recorder.pending
+
+    @property
+    def bad_jobs(self) -> dict:
+        return self.dispatcher.bad_jobs
+
+    @property
+    def next_rescan_at(self) -> dt.datetime | None:
+        return self.dispatcher.next_rescan_at
+
+    @property
+    def takeover_hold_until(self) -> dt.datetime | None:
+        return self.clock.takeover_hold_until
+
+    def record(self, flight: InFlight, now: dt.datetime, **outcome: Any) -> None:
+        """See :meth:`Recorder.record`."""
+        self.recorder.record(flight, now, **outcome)
+
+    def cancel_all(self, now: dt.datetime, reason: str) -> None:
+        """See :meth:`RunGuard.cancel_all`."""
+        self.guard.cancel_all(now, reason)
+
+    # -- clocks: read only here, by the outer loop, and passed into everything else -----------------
+    def local_now(self) -> dt.datetime:
+        return self.clock.local_now()
+
+    def read_clock(self) -> tuple[dt.datetime, float]:
+        """(now in database time, monotonic seconds): what :meth:`step` takes. A wall clock that moved
+        differently from the monotonic one (a step, a machine waking from suspend) makes this re-measure the
+        database clock at once; a jump of database time is followed at once (:meth:`follow_time_jump`), so
+        results and heartbeats before the next step are timed in the new frame."""
+        local, mono = self.clock.local_now(), self.clock.monotonic()
+        if self.notice_clock_jump(local, mono) and self.liveness.registered:
+            self.keep_lease(local + self.liveness.db_offset, mono)
+        now = local + self.liveness.db_offset
+        self.follow_time_jump(now, mono)
+        return now, mono
+
+    def notice_clock_jump(self, local: dt.datetime, mono: float) -> bool:
+        """True (and a renewal forced) if the wall clock jumped by more than 1 s against the monotonic one."""
+        if not self.clock.notice_wall_jump(local, mono):
+            return False
+        self.liveness.next_renew = float("-inf")  # keep_lease re-measures the database clock in this step
+        return True
+
+    def follow_time_jump(self, now: dt.datetime, mono: float) -> float:
+        """When database time jumps against the monotonic clock, keep what is measured from *now*: in-flight
+        runs keep the time they had left (:meth:`RunGuard.shift`), the shutdown bound likewise, the rescan
+        and pruning timers restart, and takeovers are held after a forward jump (:mod:`.clock`). Returns the
+        jump in seconds (0.0 when under 1 s)."""
+        jump_s = self.clock.step_jump_s(now, mono)
+        if not jump_s:
+            return 0.0
+        shift = dt.timedelta(seconds=jump_s)
+        self.dispatcher.next_rescan_at = None
+        self.pruner.next_pass_at = None if self.pruner.next_pass_at is None else self.pruner.next_pass_at + shift
+        if self.drain_deadline is not None:
+            self.drain_deadline += shift
+        self.guard.shift(shift, now, jump_s)
+        return jump_s
+
+    def keep_lease(self, now: dt.datetime, mono: float) -> None:
+        """Renew the liveness lease when due; fence (kill and fail) runs whose lease is lost, and every run
+        once the lease can no longer be trusted locally."""
+        if self.liveness.maintain(mono):
+            self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+            self.guard.fence_unheld(now)
+        if self.inflight and not self.liveness.valid(mono):
+            self.guard.fence_all(now)
+
+    # -- one cycle: step, wait, events ------------------------------------------------------------
+    def cycle(self, extra: Sequence[Any] = (), *, max_wait_s: float | None = None) -> list[Any]:
+        """Read the clocks, :meth:`step`, wait in ``Pool.wait`` (on every child pipe and sentinel and the
+        ``extra`` handles) until the step's wake-up time (at most ``max_wait_s`` seconds), then
+        :meth:`on_events`. Returns the ``extra`` handles that are ready. Never blocks past a due time,
+        deadline or renewal: a result, a crash, a signal or a due time ends the wait at once."""
+        now, mono = self.read_clock()
+        self._act_on_stop_requests(now, mono)
+        wake = self.step(now, mono)
+        if self.done:
+            return []
+        timeout_s = (wake - self.read_clock()[0]).total_seconds()  # step() time must not delay the wake
+        if self._stop_at is not None and self.accepting:
+            timeout_s = min(timeout_s, self._stop_at - time.monotonic())
+        if max_wait_s is not None:
+            timeout_s = min(timeout_s, max_wait_s)
+        events, woken = self.pool.wait(max(0.0, timeout_s), list(extra))
+        self.on_events(events, self.read_clock()[0])
+        self.metrics.loop_completed(time.monotonic())
+        return woken
+
+    def step(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """Keep the liveness lease, record late results, enforce deadlines, rescan, dispatch. Returns when
+        the loop must wake at the latest (next due time, deadline, renewal or rescan, whichever is first).
+        ``now`` is database time; ``mono`` the monotonic clock (for the lease's local validity)."""
+        wake = self._step(now, mono)
+        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
+        return wake
+
+    def _step(self, now: dt.datetime, mono: float) -> dt.datetime:
+        now = self._settle(now, mono)
+        self.recorder.retry_pending()
+        self.guard.enforce_deadlines(now)
+        if not self.accepting:
+            return self._drain_step(now, mono)
+        if not self.scheduling:
+            return self._wake(now, mono)
+        next_due = None
+        if self.liveness.valid(mono):
+            try:
+                if self.dispatcher.next_rescan_at is None or now >= self.dispatcher.next_rescan_at:
+                    self.dispatcher.rescan(now)
+                self.dispatcher.dispatch_due(now)
+                next_due = self.dispatcher.next_due_at()
+                self.metrics.poll(None)
+            except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
+                self.metrics.poll(_short(exc))
+                log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
+                self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+            self.pruner.step(now)
+        return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))
+
+    def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """Keep the liveness lease (a renewal re-measures the database clock, so ``now`` is corrected by the
+        offset's change) and follow a time jump. Returns the corrected ``now``."""
+        offset = self.liveness.db_offset
+        self.keep_lease(now, mono)
+        now += self.liveness.db_offset - offset
+        self.follow_time_jump(now, mono)
+        return now
+
+    def _wake(self, now: dt.datetime, mono: float, *candidates: dt.datetime | None) -> dt.datetime:
+        wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        renew_at = now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono))
+        retry_at = now + dt.timedelta(seconds=1) if self.recorder.pending else None
+        # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
+        fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
+                    if self.inflight and self.liveness.valid(mono) else None)
+        for when in (*candidates, renew_at, retry_at, fence_at, *(f.deadline for f in self.inflight.values())):
+            if when is not None and when < wake:
+                wake = when
+        return max(wake, now + dt.timedelta(milliseconds=1))
+
+    def on_events(self, events: list[ChildEvent], now: dt.datetime) -> None:
+        """Record results, crashes and heartbeats reported by the pool."""
+        for event in events:
+            if event.died:
+                self.guard.on_death(event, now)
+                continue
+            message = event.message
+            flight = self.inflight.get(getattr(message, "run_id", -1))
+            if isinstance(message, protocol.RunFinished) and flight is not None:
+                del self.inflight[message.run_id]
+                self.recorder.record(flight, now, status="Completed" if message.success else "Failed",
+                                     success=message.success, error_message=message.error_message,
+                                     details=message.details, notification=message.notification)
+            elif isinstance(message, protocol.RunStarted) and flight is not None:
+                log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
+                          (message.at - flight.started_at.timestamp()) * 1000,
+                          extra={"job": flight.job_name, "run_id": flight.run_id})
+            elif isinstance(message, protocol.Heartbeat) and flight is not None:
+                self.guard.heartbeat(flight, now)
+            elif isinstance(message, protocol.Ready):
+                self.dispatcher.advice.log_plugins(message)
+
+    def _wake_sender(self) -> None:
+        """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
+        if self.notifier is not None:
+            self.notifier.wake()
+
+    # -- serve: signals and the outer loop ----------------------------------------------------------
+    def serve(self, run_for_s: float | None = None) -> int:
+        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0."""
+        rsock, wsock = socket.socketpair()
+        for sock in (rsock, wsock):
+            sock.setblocking(False)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        old_wakeup = signal.set_wakeup_fd(wsock.fileno())
+        try:
+            self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
+            self.metrics.start_server()
+            self.pool.start()
+            self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
+                                     on_delivery_failure=self.on_delivery_failure).start()
+            log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
+                     self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
+                     redact_url(self.store.engine.url.render_as_string(hide_password=False)))
+            while not self.done:
+                if self.cycle([rsock]):
+                    _drain_socket(rsock)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            rsock.close()
+            wsock.close()
+            self.pool.close()
+            if self.notifier is not None:
+                self.notifier.stop()
+            self.liveness.stop()
+            self.metrics.stop_server()
+        log.info("supervisor %s stopped", self.settings.instance)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Count SIGTERM/SIGINT (only a flag: the loop acts on it; logging is not signal-safe). A signal
+        arriving before the loop has acted on the first one counts once with it: `timeout` and
+        process-group kills deliver one stop request twice, and a second signal means "kill at once"."""
+        if self._signals and self.accepting:
+            return
+        self._signals += 1
+
+    def _act_on_stop_requests(self, now: dt.datetime, mono: float) -> None:
+        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs."""
+        if self._signals >= 2 and self.inflight:
+            log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
+            self.guard.cancel_all(now, "interrupted by shutdown (second signal)")
+        if self._signals or (self._stop_at is not None and mono >= self._stop_at):
+            self.begin_shutdown(now)
+
+    # -- shutdown -----------------------------------------------------------------------------------
+    def begin_shutdown(self, now: dt.datetime) -> None:
+        """Stop dispatching; in-flight runs get ``shutdown_timeout_s`` to finish."""
+        if not self.accepting:
+            return
+        self.accepting = False
+        self.pool.refill = False
+        self.drain_deadline = now + dt.timedelta(seconds=self.settings.shutdown_timeout_s)
+        log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
+                 self.settings.shutdown_timeout_s, len(self.inflight))
+
+    def _drain_step(self, now: dt.datetime, mono: float) -> dt.datetime:
+        """One step of a shutdown: wait for in-flight runs until ``drain_deadline``, then cancel them. The
+        liveness lease is still renewed meanwhile (the wake-up includes the renewal), or the workers'
+        watchdogs would fence runs that are allowed to finish."""
+        past_deadline = self.drain_deadline is None or now >= self.drain_deadline
+        if self.inflight and past_deadline:
+            self.guard.cancel_all(now, "interrupted by shutdown")
+        if past_deadline:
+            self.recorder.give_up()
+        if not self.inflight and not self.recorder.pending:
+            self.done = True
+            return now
+        return self._wake(now, mono, self.drain_deadline)
+
+    # -- manual runs ------------------------------------------------------------------------------
+    def run_now(self, job: dict, *, ready_timeout_s: float) -> int | None:
+        """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
+        :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
+        return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
+
+
+def _drain_socket(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass

@@ -1,0 +1,51 @@
+"""Manual runs (``jobs run NAME``): one job, now, through a worker, on a supervisor that dispatches
+nothing else (``Supervisor.scheduling`` off), driven by the same :meth:`Supervisor.cycle` as ``serve``."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mjsched_isolated.supervisor.loop import Supervisor
+
+
+def run_now(sup: Supervisor, job: dict, *, ready_timeout_s: float) -> int | None:
+    """Run ``job`` (a job row) once now, through a worker of ``sup.pool``, and wait for it to be recorded.
+
+    Skip and Queue jobs need the job's lease, so a live run refuses the request (None is returned);
+    Concurrent jobs always start. The schedule (``next_run_at``) is left as it is. Raises ``TimeoutError``
+    if no worker is ready within ``ready_timeout_s`` seconds or the database cannot be registered with,
+    ``LookupError`` for a job type no worker has. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into
+    one by the CLI) cancels the run and releases its lease, then propagates. Reads clocks: it is an outer
+    loop, like ``serve``. Returns the run id."""
+    sup.scheduling = False
+    sup.pool.start()
+    try:
+        return _run(sup, job, ready_timeout_s)
+    except KeyboardInterrupt:
+        sup.cancel_all(sup.read_clock()[0], "interrupted: `jobs run` was stopped")
+        raise
+    finally:
+        sup.liveness.stop()
+
+
+def _run(sup: Supervisor, job: dict, ready_timeout_s: float) -> int | None:
+    give_up = time.monotonic() + ready_timeout_s
+    while not sup.pool.idle_workers():
+        if time.monotonic() >= give_up:
+            raise TimeoutError(f"no worker became ready within {ready_timeout_s:.0f} s")
+        sup.cycle(max_wait_s=give_up - time.monotonic())
+    known = {p.job_type for p in sup.pool.last_ready.plugins} if sup.pool.last_ready else set()
+    if job["job_type"] not in known:
+        raise LookupError(f"job_type {job['job_type']!r} is not available (see `plugins list`)")
+    now, mono = sup.read_clock()
+    sup.keep_lease(now, mono)
+    if not sup.liveness.valid(mono):
+        raise TimeoutError("could not register with the database")
+    flight = sup.dispatcher.claim(job, now, job["next_run_at"], sup.pool.idle_workers()[0], scheduled_at=None)
+    if flight is None:
+        return None
+    while flight.run_id in sup.inflight or sup.recorder.pending:
+        sup.cycle()
+    return flight.run_id
