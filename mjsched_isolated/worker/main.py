@@ -38,7 +38,7 @@ MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the r
 MAX_ERROR_CHARS = 4000
 
 
-def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = logging.INFO,
+def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at=None, log_format: str = "text",
          skip_modules: dict[str, str] | None = None) -> None:
     """Child entry point (picklable, plain arguments only). ``fence_at``: a shared double holding the
@@ -57,7 +57,8 @@ def main(conn: Connection, plugins_dir: str, parent_pid: int, log_level: int = l
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
                             on_import=lambda module: sender.send(protocol.Importing(module=module)))
     baseline = _State.capture()
-    sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures))
+    sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures,
+                               warnings=registry.warnings))
     while True:
         try:
             message = protocol.decode_to_child(conn.recv_bytes())
