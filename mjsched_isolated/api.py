@@ -4,19 +4,34 @@ A plugin is a module in the plugins folder that defines a subclass of :class:`Ba
 class attribute ``job_type``. Plugin modules are imported **only in worker child processes**, never in the
 supervisor. The names follow the reference engine (``BaseScheduledJob``, ``ScheduledJobResult``,
 ``NotificationContent``; reference-engine-spec.md §7) in Python spelling.
+
+Both :class:`BaseScheduledJob` and :class:`JobContext` are generic over the plugin's configuration
+Struct, so a type checker sees ``context.configuration`` as that Struct::
+
+    class PingConfig(msgspec.Struct):
+        url: str
+
+    class Ping(BaseScheduledJob[PingConfig]):   # configuration_type = PingConfig is inferred
+        job_type = "ping"
+
+        def execute(self, context: JobContext[PingConfig]) -> ScheduledJobResult:
+            context.configuration.url            # str; a misspelt attribute is a mypy error
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any, Callable, ClassVar, Literal
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 
 from mjsched_isolated.errors import ConfigurationError, msgspec_field_error
 
 Priority = Literal["Low", "Normal", "High"]
+ConfigT = TypeVar("ConfigT")
 
 
 class ScheduledJobResult(msgspec.Struct, kw_only=True):
@@ -40,12 +55,12 @@ class NotificationContent(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] | None = None
 
 
-class JobContext:
+class JobContext(Generic[ConfigT]):
     """What a plugin's ``execute`` receives.
 
     Attributes: ``run_id`` (int), ``job_id`` (int), ``job_name`` (str), ``job_type`` (str),
     ``configuration`` (the parsed configuration: an instance of the plugin's ``configuration_type``, or
-    the raw JSON value when the plugin declares none), ``scheduled_at`` (aware UTC datetime of the
+    the raw JSON value when the plugin declares none; typed ``ConfigT``), ``scheduled_at`` (aware UTC datetime of the
     occurrence, or None for a manual run), ``deadline_at`` (aware UTC datetime at which the supervisor
     will kill the run unless heartbeats extend it; the deadline as the run started: an extension moves
     the run row's ``deadline_at``, not this value) and ``log`` (a logger named after the job type).
@@ -58,7 +73,7 @@ class JobContext:
         job_id: int,
         job_name: str,
         job_type: str,
-        configuration: Any,
+        configuration: ConfigT,
         scheduled_at: dt.datetime | None = None,
         deadline_at: dt.datetime | None = None,
         heartbeat: Callable[[], None] | None = None,
@@ -67,7 +82,7 @@ class JobContext:
         self.job_id = job_id
         self.job_name = job_name
         self.job_type = job_type
-        self.configuration = configuration
+        self.configuration: ConfigT = configuration
         self.scheduled_at = scheduled_at
         self.deadline_at = deadline_at
         self.log = logging.getLogger(f"mjsched.plugin.{job_type}")
@@ -84,19 +99,23 @@ class JobContext:
             return
         try:
             self._heartbeat()
-        except Exception:  # noqa: BLE001 - a heartbeat must never break the plugin
+        except Exception:
             self.log.debug("heartbeat could not be sent", exc_info=True)
 
 
-class BaseScheduledJob:
-    """Base class of every job type.
+class BaseScheduledJob(Generic[ConfigT]):
+    """Base class of every job type; ``BaseScheduledJob[MyConfig]`` types ``context.configuration``.
 
     Class attributes:
       ``job_type``: the name jobs refer to (``jobs.job_type``); required, unique across plugins.
       ``configuration_type``: a ``msgspec.Struct`` subclass; the job's JSON configuration is decoded
-      into it (unknown fields rejected if the Struct says ``forbid_unknown_fields=True``). ``None``
-      passes the raw JSON value (or None) through.
+      into it (unknown fields rejected if the Struct says ``forbid_unknown_fields=True``). When not set,
+      it is inferred from the generic parameter (``class Ping(BaseScheduledJob[PingConfig])``) if that
+      is a Struct; otherwise ``None``, which passes the raw JSON value (or None) through.
       ``description``: one line shown by ``plugins list``.
+
+    ``execute`` may be ``async def``: the worker runs it to completion in its own event loop (one per
+    worker, reused across runs); heartbeats and results work as for a plain ``def``.
 
     One instance is created per run, in a worker child, as in the reference (§7.3).
     """
@@ -104,6 +123,19 @@ class BaseScheduledJob:
     job_type: ClassVar[str] = ""
     configuration_type: ClassVar[type[msgspec.Struct] | None] = None
     description: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Infer ``configuration_type`` from ``BaseScheduledJob[SomeStruct]`` when the class sets none."""
+        super().__init_subclass__(**kwargs)
+        if "configuration_type" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):  # its own bases only, not inherited ones
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, BaseScheduledJob):
+                for argument in typing.get_args(base):
+                    if isinstance(argument, type) and issubclass(argument, msgspec.Struct):
+                        cls.configuration_type = argument
+                        return
 
     @classmethod
     def parse_configuration(cls, raw_json: str | None) -> Any:
@@ -128,17 +160,18 @@ class BaseScheduledJob:
         except msgspec.DecodeError as exc:
             raise ConfigurationError(f"configuration: invalid JSON ({exc})") from None
 
-    def validate_configuration(self, configuration: Any) -> None:
+    def validate_configuration(self, configuration: ConfigT) -> None:
         """Check rules the Struct's types cannot express. Raise :class:`ConfigurationError` naming the
         field (``"configuration.glob: must be relative"``) to reject. Called when a job is created or
         updated, and again before every run. The default accepts everything."""
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
-        """Do the work and return the outcome. Exceptions are caught in the child and recorded as a
-        Failed run with the traceback's last line as ``error_message``."""
+    def execute(self, context: JobContext[ConfigT]) -> ScheduledJobResult | Awaitable[ScheduledJobResult]:
+        """Do the work and return the outcome (``async def execute`` may be used; see the class). Exceptions
+        are caught in the child and recorded as a Failed run with the traceback's last line as
+        ``error_message``."""
         raise NotImplementedError
 
-    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+    def format_notification(self, context: JobContext[ConfigT], result: ScheduledJobResult) -> NotificationContent:
         """Subject, body and priority of the notice for this run (reference §7.3 ``FormatNotification``).
 
         Default: ``"<job> completed"`` at Normal priority, or ``"<job> failed"`` at High priority with the

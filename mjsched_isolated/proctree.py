@@ -1,9 +1,10 @@
-"""Process trees: the one place that signals a process together with its group and descendants.
+"""Process trees: the one place that finds and signals a process together with its group and descendants.
 
-Used by the supervisor's pool (killing a worker child's tree), the worker's leftover cleanup and its
-watchdog, and the ``shell`` plugin. psutil for the descendants (it sees processes that moved to another
-group), ``os.killpg`` for the group (it reaches processes psutil's snapshot missed, e.g. a grandchild
-forked a moment later). Processes already gone are ignored everywhere.
+Used by the supervisor's pool (killing a worker child's tree), the worker's leftover cleanup
+(:mod:`mjsched_isolated.worker.hygiene`) and watchdog (:mod:`mjsched_isolated.worker.watchdog`), and the
+``shell`` plugin. psutil for the descendants (it sees processes that moved to another group), ``os.killpg``
+for the group (it reaches processes psutil's snapshot missed, e.g. a grandchild forked a moment later).
+Processes already gone are ignored everywhere. Standard library and psutil only: the worker imports it.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ def signal_all(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` (default SIGKILL) to ``pid``, its process group (``pid`` leads one: worker children
-    and ``shell`` commands start their own session) and every descendant, grandchildren included.
+    """Send ``sig`` (default SIGKILL) to ``pid``, every descendant (grandchildren included) and then to
+    ``pid``'s process group (``pid`` leads one: worker children and ``shell`` commands start their own
+    session).
 
-    Does not wait: SIGKILL cannot be caught or ignored. The caller reaps its own child (``join``/``wait``)
-    so its exit status is kept; orphaned descendants are reaped by init (or a subreaper).
+    The calling process is never signalled individually, and the group comes last: a caller inside the
+    group (the worker's watchdog) reaches every descendant before the group signal ends it too. Does not
+    wait: SIGKILL cannot be caught or ignored. The caller reaps its own child (``join``/``wait``) so its exit
+    status is kept; orphaned descendants are reaped by init (or a subreaper).
     """
     if pid <= 0:
         return
@@ -54,5 +58,61 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
         procs = [psutil.Process(pid), *descendants(pid)]
     except psutil.Error:
         pass
+    me = os.getpid()
+    signal_all([p for p in procs if p.pid != me], sig)
     signal_group(pid, sig)
-    signal_all(procs, sig)
+
+
+def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid``, other than ``exclude``."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != exclude and os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def session_and_descendants(leader: int) -> set[int]:
+    """Pids (other than ``leader``) in the session ``leader`` leads, or below it: a daemonised subprocess
+    re-parented to init stays in its session even in a process group of its own. One pass over /proc's
+    ``stat`` files (a millisecond or two for a hundred processes), psutil where there is no /proc."""
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    try:
+        entries: list[str] | None = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        entries = None
+    if entries is None:
+        for proc in psutil.process_iter(["ppid"]):
+            parents[proc.pid] = proc.info["ppid"] or 0
+            try:
+                if os.getsid(proc.pid) == leader:
+                    found.add(proc.pid)
+            except OSError:
+                pass
+    else:
+        for name in entries:
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            pid = int(name)
+            parents[pid] = int(fields[1])
+            if int(fields[3]) == leader:  # state ppid pgrp session ...
+                found.add(pid)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    stack, seen = [leader], {leader}
+    while stack:
+        for pid in children.get(stack.pop(), ()):
+            if pid not in seen:
+                seen.add(pid)
+                found.add(pid)
+                stack.append(pid)
+    found.discard(leader)
+    return found

@@ -10,7 +10,7 @@ New fields must get defaults so old and new peers keep decoding each other.
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -23,11 +23,14 @@ MAX_TEXT_BYTES = 60_000
 
 
 class PluginInfo(msgspec.Struct, frozen=True):
-    """A job type a child loaded: name, the module file it came from, its one-line description."""
+    """A job type a child loaded: name, the module it came from (a local plugin's file name, e.g.
+    ``shell.py``; a built-in's dotted name, e.g. ``mjsched_isolated.plugins.shell``), its one-line
+    description, and whether it ships with the package (``builtin``)."""
 
     job_type: str
     module: str
     description: str = ""
+    builtin: bool = False
 
 
 class LoadFailure(msgspec.Struct, frozen=True):
@@ -47,11 +50,14 @@ class Importing(msgspec.Struct, tag=True, frozen=True):
 
 
 class Ready(msgspec.Struct, tag=True, frozen=True):
-    """First message of every child: its pid and what its plugin folder yielded."""
+    """First message of every child: its pid and what the built-in plugins and its plugins folder yielded.
+    ``warnings``: one line each, for what loaded but deserves a word (a local plugin overriding a built-in
+    job type); unlike ``failures`` they cost no job type."""
 
     pid: int
     plugins: list[PluginInfo]
     failures: list[LoadFailure]
+    warnings: list[str] = []
 
 
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
@@ -118,8 +124,8 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
     """Exit cleanly after the current message."""
 
 
-ToChild = Union[RunRequest, ValidateRequest, Stop]
-ToSupervisor = Union[Importing, Ready, RunStarted, Heartbeat, RunFinished, ValidateReply]
+ToChild = RunRequest | ValidateRequest | Stop
+ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunFinished | ValidateReply
 
 _encoder = msgspec.msgpack.Encoder()
 _to_child = msgspec.msgpack.Decoder(ToChild)

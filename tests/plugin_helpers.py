@@ -1,29 +1,24 @@
-"""Helpers for the plugin tests: load a plugin module from plugins/<name>.py and build a JobContext."""
+"""Helpers for the plugin tests: import a built-in plugin module (mjsched_isolated/plugins/<name>.py) and
+build a JobContext."""
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mjsched_isolated.api import BaseScheduledJob, JobContext, ScheduledJobResult
-
-PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
 
 
 @functools.cache
 def load_plugin(name: str) -> type[BaseScheduledJob]:
-    """Import ``plugins/<name>.py`` by path and return its single BaseScheduledJob subclass."""
-    module_name = f"_mjsched_test_plugin_{name}"
-    spec = importlib.util.spec_from_file_location(module_name, PLUGINS_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # msgspec resolves the Struct's string annotations through it
-    spec.loader.exec_module(module)
+    """Import the built-in ``mjsched_isolated.plugins.<name>`` and return its single BaseScheduledJob
+    subclass (as the worker's loader names it, so both see the same classes)."""
+    module_name = f"mjsched_isolated.plugins.{name}"
+    module = importlib.import_module(module_name)
     classes = [
         obj for obj in vars(module).values()
         if isinstance(obj, type) and issubclass(obj, BaseScheduledJob) and obj.__module__ == module_name
@@ -38,7 +33,7 @@ def make_context(
     """JSON-encode ``config``, parse and validate it as the worker would, and wrap it in a JobContext."""
     parsed = cls.parse_configuration(json.dumps(config))
     cls().validate_configuration(parsed)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return JobContext(
         run_id=1, job_id=1, job_name=f"test-{cls.job_type}", job_type=cls.job_type, configuration=parsed,
         scheduled_at=now, deadline_at=now + dt.timedelta(minutes=5), heartbeat=heartbeat,

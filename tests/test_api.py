@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import TypeVar
 
 import msgspec
 import pytest
 
-from mjsched_isolated.api import (BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult,
-                                  _field_message)
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+    _field_message,
+)
 from mjsched_isolated.errors import ConfigurationError, MjschedError
 
 
@@ -43,7 +49,7 @@ class Raw(BaseScheduledJob):
 
 
 def _context(**kw) -> JobContext:
-    values = dict(run_id=17, job_id=3, job_name="nightly", job_type="typed", configuration=None)
+    values = {"run_id": 17, "job_id": 3, "job_name": "nightly", "job_type": "typed", "configuration": None}
     values.update(kw)
     return JobContext(**values)
 
@@ -186,7 +192,7 @@ def test_notification_content_defaults():
 
 
 def test_context_attributes():
-    at = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    at = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     ctx = _context(configuration=Config(), scheduled_at=at, deadline_at=at + dt.timedelta(minutes=5))
     assert (ctx.run_id, ctx.job_id, ctx.job_name, ctx.job_type) == (17, 3, "nightly", "typed")
     assert ctx.configuration == Config()
@@ -227,3 +233,57 @@ def test_scheduled_job_result_is_keyword_only():
         ScheduledJobResult(True)  # type: ignore[misc]
     result = ScheduledJobResult(success=True)
     assert result.details is None and result.error_message is None
+
+
+# -- generic over the configuration Struct -------------------------------------------------------------
+
+
+class Inferred(BaseScheduledJob[Config]):
+    job_type = "inferred"
+
+
+class Explicit(BaseScheduledJob[Config]):
+    job_type = "explicit"
+    configuration_type = Lenient  # an explicit setting wins over the parameter
+
+
+class InheritsExplicit(Explicit):
+    job_type = "inherits"
+
+
+class NotAStruct(BaseScheduledJob[dict]):
+    job_type = "not_a_struct"
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+class Intermediate(BaseScheduledJob[ConfigT]):
+    """A generic base of the plugin author's own."""
+
+
+class ThroughIntermediate(Intermediate[Inner]):
+    job_type = "through"
+
+
+def test_configuration_type_is_inferred_from_the_generic_parameter():
+    assert Inferred.configuration_type is Config
+    assert Inferred.parse_configuration('{"timeout_s": 1}') == Config(timeout_s=1.0)
+    assert ThroughIntermediate.configuration_type is Inner
+    assert Intermediate.configuration_type is None  # a type variable is no configuration
+
+
+def test_an_explicit_configuration_type_wins_and_is_inherited():
+    assert Explicit.configuration_type is Lenient
+    assert InheritsExplicit.configuration_type is Lenient  # not re-inferred from Explicit's own parameter
+
+
+def test_a_parameter_that_is_not_a_struct_leaves_the_raw_json():
+    assert NotAStruct.configuration_type is None
+    assert NotAStruct.parse_configuration('{"a": 1}') == {"a": 1}
+
+
+def test_unparametrised_plugins_still_work():
+    assert Typed.configuration_type is Config and Raw.configuration_type is None
+    context: JobContext[Config] = _context(configuration=Config())
+    assert context.configuration.timeout_s == 5.0

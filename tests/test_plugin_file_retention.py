@@ -1,4 +1,4 @@
-"""Tests of plugins/file_retention.py on real files aged with os.utime."""
+"""Tests of mjsched_isolated/plugins/file_retention.py on real files aged with os.utime."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of plugins/http_check.py against a real HTTP server on 127.0.0.1 (loopback only)."""
+"""Tests of mjsched_isolated/plugins/http_check.py against a real HTTP server on 127.0.0.1 (loopback only)."""
 
 from __future__ import annotations
 

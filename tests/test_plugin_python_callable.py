@@ -1,4 +1,4 @@
-"""Tests of plugins/python_callable.py with real importable callables and a real SQLite database."""
+"""Tests of mjsched_isolated/plugins/python_callable.py with real importable callables and a real SQLite database."""
 
 from __future__ import annotations
 

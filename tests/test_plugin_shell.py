@@ -1,4 +1,4 @@
-"""Tests of plugins/shell.py with real subprocesses."""
+"""Tests of the built-in shell plugin (mjsched_isolated/plugins/shell.py) with real subprocesses."""
 
 from __future__ import annotations
 

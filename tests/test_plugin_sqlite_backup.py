@@ -1,4 +1,4 @@
-"""Tests of plugins/sqlite_backup.py with real SQLite databases."""
+"""Tests of mjsched_isolated/plugins/sqlite_backup.py with real SQLite databases."""
 
 from __future__ import annotations
 

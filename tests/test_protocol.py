@@ -9,8 +9,18 @@ import pytest
 
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import MjschedError, ProtocolError
-from mjsched_isolated.protocol import (Heartbeat, LoadFailure, PluginInfo, Ready, RunFinished, RunRequest,
-                                       RunStarted, Stop, ValidateReply, ValidateRequest)
+from mjsched_isolated.protocol import (
+    Heartbeat,
+    LoadFailure,
+    PluginInfo,
+    Ready,
+    RunFinished,
+    RunRequest,
+    RunStarted,
+    Stop,
+    ValidateReply,
+    ValidateRequest,
+)
 
 TO_CHILD = [
     RunRequest(run_id=1, job_id=2, job_name="backup", job_type="ok", configuration='{"seconds": 1.5}',
@@ -26,6 +36,8 @@ TO_SUPERVISOR = [
     Ready(pid=99, plugins=[PluginInfo(job_type="ok", module="behaviours.py", description="succeeds"),
                            PluginInfo(job_type="fail", module="behaviours.py")],
           failures=[LoadFailure(module="broken_import.py", error="Traceback ...\nImportError: nope\n")]),
+    Ready(pid=5, plugins=[PluginInfo(job_type="shell", module="mjsched_isolated.plugins.shell", builtin=True)],
+          failures=[], warnings=["plugin my_shell.py overrides the built-in job type 'shell'"]),
     RunStarted(run_id=7, at=1_700_000_000.125),
     Heartbeat(run_id=7, at=1_700_000_001.0),
     RunFinished(run_id=7, success=True),
@@ -132,3 +144,13 @@ def test_send_to_closed_peer_raises_oserror():
             protocol.send(a, Stop())
     finally:
         a.close()
+
+
+def test_a_ready_from_an_older_worker_decodes_with_defaults():
+    """New fields have defaults: a Ready without ``warnings`` and a PluginInfo without ``builtin`` (as an
+    older worker sends them) still decode."""
+    old = msgspec.msgpack.encode({"type": "Ready", "pid": 9, "failures": [],
+                                  "plugins": [{"job_type": "ok", "module": "behaviours.py", "description": ""}]})
+    ready = protocol.decode_to_supervisor(old)
+    assert isinstance(ready, Ready) and ready.warnings == []
+    assert ready.plugins == [PluginInfo(job_type="ok", module="behaviours.py", builtin=False)]

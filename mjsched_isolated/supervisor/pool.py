@@ -81,13 +81,14 @@ class Pool:
     the crash backoff. All methods are called from the supervisor's single thread.
     """
 
-    def __init__(self, size: int, plugins_dir: str, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
+    def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
                  import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text"):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
-        self.plugins_dir = os.path.abspath(plugins_dir)
+        # None: the children load ./plugins if it exists, and the built-ins always (worker/loader.py)
+        self.plugins_dir = os.path.abspath(plugins_dir) if plugins_dir is not None else None
         self.log_level = log_level
         self.log_format = log_format  # children log in the supervisor's format (see logs.py)
         self.ready_timeout_s = ready_timeout_s
@@ -106,6 +107,7 @@ class Pool:
         self.max_memory_per_child_mb = max_memory_per_child_mb
         self.recycled = 0
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
+        self._warned: set[str] = set()  # plugin-load warnings already logged
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
 
     @classmethod
@@ -216,6 +218,10 @@ class Pool:
                     for failure in message.failures:  # a hung import thread may still end the worker later
                         if failure.import_timed_out and failure.module not in self.fatal_modules:
                             self.fatal_modules[failure.module] = failure.error + "; left out of later workers"
+                    for warning in message.warnings:  # e.g. a local plugin overriding a built-in: said once
+                        if warning not in self._warned:
+                            self._warned.add(warning)
+                            log.warning("%s", warning)
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:

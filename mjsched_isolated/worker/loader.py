@@ -1,83 +1,167 @@
 """Plugin discovery. **Runs only in worker children**: importing a plugin runs its code.
 
-Every ``*.py`` file in the plugins folder whose name does not start with ``_`` is imported by path (as
-module ``mjsched_plugins.<stem>``, with the folder on ``sys.path`` so plugins may import helpers). Each
-subclass of :class:`BaseScheduledJob` defined in it with a non-empty ``job_type`` becomes a job type. A
-module that fails to import, or a duplicate ``job_type``, becomes a :class:`LoadFailure` carrying the
-traceback; the other modules still load (a bad plugin costs only its own job type). An import that
-has not finished after ``import_timeout_s`` (a plugin hanging at import) is given up: the module is a
-failure, its thread is left behind, and the worker serves the other job types. A module that ends the
-process while importing is named by the pool (see :class:`~mjsched_isolated.protocol.Importing`) and
-left out of later children through ``skip``.
+Two sources, in this order: the built-in plugins shipped in :mod:`mjsched_isolated.plugins` (always), then
+a local plugins folder. Every ``*.py`` file whose name does not start with ``_`` is imported; each subclass
+of :class:`BaseScheduledJob` defined in it with a non-empty ``job_type`` becomes a job type.
+
+Nothing in a plugins folder can shadow another module: the folder is never put on ``sys.path``. Its files
+are imported as submodules of a synthetic package, ``mjsched_plugins`` (``__path__`` = the folder), so a
+``queue.py`` there is ``mjsched_plugins.queue`` and the standard library's ``queue`` stays itself. Plugins
+share helpers by relative import (``from . import _helpers``, ``from ._helpers import x``); the folder's
+``__init__.py``, if any, is not run.
+
+A module that fails to import, or a duplicate ``job_type`` within the local folder, becomes a
+:class:`LoadFailure` carrying the traceback; the other modules still load (a bad plugin costs only its own
+job type). A local job type with a built-in's name replaces the built-in and adds a line to
+``warnings``. An import that has not finished after ``import_timeout_s`` (a plugin hanging at import) is
+given up: the module is a failure, its thread is left behind, and the worker serves the other job types. A
+module that ends the process while importing is named by the pool (see
+:class:`~mjsched_isolated.protocol.Importing`) and left out of later children through ``skip``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
+from types import ModuleType
+from typing import Any
 
 from mjsched_isolated.api import BaseScheduledJob
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 
+BUILTIN_PACKAGE = "mjsched_isolated.plugins"
+LOCAL_PACKAGE = "mjsched_plugins"
+DEFAULT_PLUGINS_DIR = "plugins"  # relative to the working directory; used when no folder is configured
+
 
 class Registry:
-    """Job types loaded from one plugins folder: ``classes`` by job_type, plus ``failures``."""
+    """Job types loaded by :func:`load_plugins`: ``classes`` by job_type, their ``infos``, the
+    ``failures`` (modules or folders that cost job types) and ``warnings`` (one line each)."""
 
     def __init__(self) -> None:
-        self.classes: dict[str, type[BaseScheduledJob]] = {}
+        self.classes: dict[str, type[BaseScheduledJob[Any]]] = {}
         self.infos: list[PluginInfo] = []
         self.failures: list[LoadFailure] = []
+        self.warnings: list[str] = []
 
 
-def load_plugins(plugins_dir: str | Path, import_timeout_s: float = 10.0, *, skip: Mapping[str, str] = {},
-                 on_import: Callable[[str], None] | None = None) -> Registry:
-    """Import every plugin module in ``plugins_dir``. A missing folder yields an empty registry with one
-    failure saying so. ``skip``: module file name -> why it is not imported (it becomes a failure with
-    that text). ``on_import(file name)`` is called just before each import."""
+def builtin_dir() -> Path:
+    """The folder of the built-in plugin modules inside the installed package."""
+    return Path(__file__).resolve().parent.parent / "plugins"
+
+
+def load_plugins(plugins_dir: str | Path | None, import_timeout_s: float = 10.0, *, builtins: bool = True,
+                 skip: Mapping[str, str] = {}, on_import: Callable[[str], None] | None = None) -> Registry:
+    """Load the built-in plugins (unless ``builtins`` is False: tests of one folder) and those of the local
+    folder ``plugins_dir``.
+
+    ``plugins_dir`` None: ``./plugins`` if that folder exists, else built-ins only. A folder given
+    explicitly that does not exist, is not a folder or cannot be listed is one :class:`LoadFailure` whose
+    ``module`` is the folder's path and whose ``error`` names it. ``skip``: module (a local file name, or a
+    built-in's dotted name) -> why it is not imported (it becomes a failure with that text). ``on_import``
+    is called with the same name just before each import. ``import_timeout_s``: seconds per module.
+    """
     registry = Registry()
-    folder = Path(plugins_dir).resolve()
-    if not folder.is_dir():
-        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} does not exist"))
+    if builtins:
+        importlib.import_module(BUILTIN_PACKAGE)
+        for path in _plugin_files(builtin_dir()):
+            _load_module(registry, f"{BUILTIN_PACKAGE}.{path.stem}", path, f"{BUILTIN_PACKAGE}.{path.stem}",
+                         True, import_timeout_s, skip, on_import)
+    folder = _local_folder(plugins_dir, registry)
+    if folder is None:
         return registry
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    for path in sorted(folder.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        if path.name in skip:
-            registry.failures.append(LoadFailure(module=path.name, error=skip[path.name]))
-            continue
-        if on_import is not None:
-            on_import(path.name)
-        module, error, timed_out = _import_with_timeout(path, import_timeout_s)
-        if error is not None:
-            registry.failures.append(LoadFailure(module=path.name, error=error, import_timed_out=timed_out))
-            continue
-        for cls in _job_classes(module):
-            if cls.job_type in registry.classes:
-                other = registry.classes[cls.job_type].__module__
-                registry.failures.append(
-                    LoadFailure(module=path.name, error=f"duplicate job_type {cls.job_type!r} (already defined by {other})")
-                )
-                continue
-            registry.classes[cls.job_type] = cls
-            registry.infos.append(PluginInfo(job_type=cls.job_type, module=path.name, description=cls.description))
+    try:
+        files = _plugin_files(folder)
+    except OSError as exc:
+        registry.failures.append(LoadFailure(
+            module=str(folder), error=f"plugins folder {folder} cannot be read ({exc.strerror or exc})"))
+        return registry
+    _mount_local_package(folder)
+    for path in files:
+        _load_module(registry, path.name, path, f"{LOCAL_PACKAGE}.{path.stem}", False, import_timeout_s, skip,
+                     on_import)
     return registry
 
 
-def _import_with_timeout(path: Path, timeout_s: float):
+def _local_folder(plugins_dir: str | Path | None, registry: Registry) -> Path | None:
+    """The local folder to load, or None; records a failure for an explicit folder that is not there."""
+    if plugins_dir is None:
+        default = Path(DEFAULT_PLUGINS_DIR).resolve()
+        return default if default.is_dir() else None
+    folder = Path(plugins_dir).resolve()
+    if not folder.exists():
+        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} does not exist"))
+        return None
+    if not folder.is_dir():
+        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} is not a folder"))
+        return None
+    return folder
+
+
+def _plugin_files(folder: Path) -> list[Path]:
+    """The importable plugin files of ``folder``, sorted; raises ``OSError`` if it cannot be listed."""
+    with os.scandir(folder) as entries:
+        names = [e.name for e in entries if e.name.endswith(".py") and not e.name.startswith("_")]
+    return [folder / name for name in sorted(names)]
+
+
+def _mount_local_package(folder: Path) -> None:
+    """Make ``mjsched_plugins`` a package whose ``__path__`` is ``folder`` (replacing an earlier one)."""
+    for name in [n for n in sys.modules if n == LOCAL_PACKAGE or n.startswith(LOCAL_PACKAGE + ".")]:
+        del sys.modules[name]
+    spec = importlib.machinery.ModuleSpec(LOCAL_PACKAGE, None, is_package=True)
+    spec.submodule_search_locations = [str(folder)]
+    sys.modules[LOCAL_PACKAGE] = importlib.util.module_from_spec(spec)
+
+
+def _load_module(registry: Registry, key: str, path: Path, name: str, builtin: bool, timeout_s: float,
+                 skip: Mapping[str, str], on_import: Callable[[str], None] | None) -> None:
+    """Import one plugin module (``key``: how failures, ``skip`` and ``on_import`` name it) and register
+    its job types."""
+    if key in skip:
+        registry.failures.append(LoadFailure(module=key, error=skip[key]))
+        return
+    if on_import is not None:
+        on_import(key)
+    module, error, timed_out = _import_with_timeout(name, path, timeout_s)
+    if module is None:
+        registry.failures.append(LoadFailure(module=key, error=error or "import failed", import_timed_out=timed_out))
+        return
+    for cls in _job_classes(module):
+        _register(registry, cls, key, builtin)
+
+
+def _register(registry: Registry, cls: type[BaseScheduledJob[Any]], key: str, builtin: bool) -> None:
+    job_type = cls.job_type
+    info = PluginInfo(job_type=job_type, module=key, description=cls.description, builtin=builtin)
+    previous = next((i for i in registry.infos if i.job_type == job_type), None)
+    if previous is not None and previous.builtin and not builtin:
+        registry.warnings.append(f"plugin {key} overrides the built-in job type {job_type!r} ({previous.module})")
+        registry.infos.remove(previous)
+    elif previous is not None:
+        registry.failures.append(LoadFailure(
+            module=key, error=f"duplicate job_type {job_type!r} (already defined by {previous.module})"))
+        return
+    registry.classes[job_type] = cls
+    registry.infos.append(info)
+
+
+def _import_with_timeout(name: str, path: Path, timeout_s: float) -> tuple[ModuleType | None, str | None, bool]:
     """(module, None, False), (None, traceback text, False), or (None, why, True) when the import was given
     up. The import runs in a daemon thread so a module that never finishes importing cannot hold the worker."""
-    outcome: dict = {}
+    outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            outcome["module"] = _import_path(path)
+            outcome["module"] = _import_path(name, path)
         except BaseException:  # noqa: BLE001 - SystemExit in a plugin must not end the child either
             outcome["error"] = traceback.format_exc()
 
@@ -89,13 +173,16 @@ def _import_with_timeout(path: Path, timeout_s: float):
     return outcome.get("module"), outcome.get("error"), False
 
 
-def _import_path(path: Path):
-    name = f"mjsched_plugins.{path.stem}"
+def _import_path(name: str, path: Path) -> ModuleType:
+    """Import the file ``path`` as module ``name`` (its parent package is already in ``sys.modules``)."""
+    existing = sys.modules.get(name)
+    if existing is not None and getattr(existing, "__file__", None) == str(path):
+        return existing  # a built-in imported before in this process: the same classes again
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[name] = module  # before running it: msgspec and relative imports look it up there
     try:
         spec.loader.exec_module(module)
     except BaseException:
@@ -104,10 +191,12 @@ def _import_path(path: Path):
     return module
 
 
-def _job_classes(module) -> list[type[BaseScheduledJob]]:
-    found = []
+def _job_classes(module: ModuleType) -> list[type[BaseScheduledJob[Any]]]:
+    """The job classes ``module`` defines itself (not imports), with a non-empty string ``job_type``."""
+    found: list[type[BaseScheduledJob[Any]]] = []
     for _, obj in inspect.getmembers(module, inspect.isclass):
-        if issubclass(obj, BaseScheduledJob) and obj is not BaseScheduledJob and obj.__module__ == module.__name__:
-            if isinstance(obj.job_type, str) and obj.job_type:
-                found.append(obj)
+        if not issubclass(obj, BaseScheduledJob) or obj is BaseScheduledJob or obj.__module__ != module.__name__:
+            continue
+        if isinstance(obj.job_type, str) and obj.job_type:
+            found.append(obj)
     return found

@@ -12,14 +12,17 @@ Details: ``url``, ``method``, ``expected_status``, ``status`` (int or None when 
 import re
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+)
 from mjsched_isolated.errors import ConfigurationError
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 header field name
@@ -44,12 +47,18 @@ class HttpCheckConfiguration(msgspec.Struct, forbid_unknown_fields=True, kw_only
     max_body_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102
-        return None  # urllib then raises HTTPError carrying the 3xx status
+def _no_redirect_handler() -> Any:
+    """A handler refusing redirects (urllib then raises HTTPError carrying the 3xx status)."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+            return None
+
+    return NoRedirect()
 
 
-class HttpCheckJob(BaseScheduledJob):
+class HttpCheckJob(BaseScheduledJob[HttpCheckConfiguration]):
     """Succeeds when the response has ``expected_status`` (and contains ``expect_substring``)."""
 
     job_type = "http_check"
@@ -76,15 +85,20 @@ class HttpCheckJob(BaseScheduledJob):
         if configuration.body is not None and configuration.method != "POST":
             raise ConfigurationError("configuration.body: only allowed with method POST")
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
+    def execute(self, context: JobContext[HttpCheckConfiguration]) -> ScheduledJobResult:
         cfg: HttpCheckConfiguration = context.configuration
         details: dict = {
             "url": cfg.url, "method": cfg.method, "expected_status": cfg.expected_status, "status": None,
             "latency_ms": None, "bytes_read": 0, "body_truncated": False,
         }
         data = cfg.body.encode("utf-8") if cfg.body is not None else (b"" if cfg.method == "POST" else None)
+        # urllib.request (with http.client and ssl: ~5 MB) is imported by the runs that need it, not by
+        # every worker that loads the built-in plugins
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(cfg.url, data=data, headers=dict(cfg.headers), method=cfg.method)
-        opener = urllib.request.build_opener(*([] if cfg.follow_redirects else [_NoRedirect()]))
+        opener = urllib.request.build_opener(*([] if cfg.follow_redirects else [_no_redirect_handler()]))
         start = time.monotonic()
         try:
             try:
@@ -97,7 +111,7 @@ class HttpCheckJob(BaseScheduledJob):
                 details["reason"] = response.reason
                 details["final_url"] = response.geturl()
                 body = b"" if cfg.method == "HEAD" else self._read_body(response, cfg, start, details)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return self._fail(details, start, f"timed out after {cfg.timeout_s:g}s")
         except urllib.error.URLError as exc:
             reason = exc.reason
@@ -151,7 +165,8 @@ class HttpCheckJob(BaseScheduledJob):
         details["duration_ms"] = _ms(start)
         return ScheduledJobResult(success=False, details=details, error_message=message)
 
-    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+    def format_notification(self, context: JobContext[HttpCheckConfiguration],
+            result: ScheduledJobResult) -> NotificationContent:
         d = result.details or {}
         target = f"{d.get('method', '')} {d.get('url', '')}".strip()
         if result.success:

@@ -23,7 +23,12 @@ from typing import Annotated
 
 import msgspec
 
-from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+)
 from mjsched_isolated.errors import ConfigurationError
 
 _LIST_LIMIT = 100
@@ -42,7 +47,7 @@ class FileRetentionConfiguration(msgspec.Struct, forbid_unknown_fields=True, kw_
     max_deletes: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
-class FileRetentionJob(BaseScheduledJob):
+class FileRetentionJob(BaseScheduledJob[FileRetentionConfiguration]):
     """Remove old files matching a glob; fails (after trying all) if any file could not be removed."""
 
     job_type = "file_retention"
@@ -69,13 +74,13 @@ class FileRetentionJob(BaseScheduledJob):
         except re.error as exc:
             raise ConfigurationError(f"configuration.pattern: invalid glob ({exc})") from None
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
+    def execute(self, context: JobContext[FileRetentionConfiguration]) -> ScheduledJobResult:
         cfg: FileRetentionConfiguration = context.configuration
         now = time.time()
         cutoff = now - cfg.older_than_days * 86400
         details: dict = {
             "directory": cfg.directory, "pattern": cfg.pattern, "dry_run": cfg.dry_run,
-            "cutoff": dt.datetime.fromtimestamp(cutoff, dt.timezone.utc).isoformat(),
+            "cutoff": dt.datetime.fromtimestamp(cutoff, dt.UTC).isoformat(),
             "matched": 0, "eligible": 0, "removed": [], "removed_count": 0, "removed_truncated": False,
             "bytes_freed": 0, "skipped_by_cap": 0, "errors": [], "error_count": 0,
         }
@@ -117,7 +122,8 @@ class FileRetentionJob(BaseScheduledJob):
         return ScheduledJobResult(success=True, details=details)
 
     @staticmethod
-    def _scan(cfg, cutoff: float, details: dict, errors: list, context: JobContext) -> list[tuple[float, str, int]]:
+    def _scan(cfg, cutoff: float, details: dict, errors: list,
+            context: JobContext[FileRetentionConfiguration]) -> list[tuple[float, str, int]]:
         """Walk without following links; return ``(mtime, relative path, size)`` of eligible files."""
         regex = _compile(cfg.pattern)
         parts = cfg.pattern.split("/")
@@ -156,7 +162,8 @@ class FileRetentionJob(BaseScheduledJob):
                 last_beat = time.monotonic()
         return found
 
-    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+    def format_notification(self, context: JobContext[FileRetentionConfiguration],
+            result: ScheduledJobResult) -> NotificationContent:
         d = result.details or {}
         verb = "would remove" if d.get("dry_run") else "removed"
         summary = f"{verb} {d.get('removed_count', 0)} file(s), {d.get('bytes_freed', 0)} bytes, in {d.get('directory')}"

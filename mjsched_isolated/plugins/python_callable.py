@@ -46,7 +46,7 @@ class PythonCallableConfiguration(msgspec.Struct, forbid_unknown_fields=True, kw
     pass_context: bool = False
 
 
-class PythonCallableJob(BaseScheduledJob):
+class PythonCallableJob(BaseScheduledJob[PythonCallableConfiguration]):
     """Call a Python function; its exception or return value decides the outcome."""
 
     job_type = "python_callable"
@@ -78,7 +78,7 @@ class PythonCallableJob(BaseScheduledJob):
             except ArgumentError:
                 raise ConfigurationError("configuration.database_url: not a valid SQLAlchemy URL") from None
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
+    def execute(self, context: JobContext[PythonCallableConfiguration]) -> ScheduledJobResult:
         cfg: PythonCallableConfiguration = context.configuration
         details: dict[str, Any] = {"callable": cfg.callable}
         try:
@@ -138,11 +138,16 @@ def _resolve(target: str):
 
 def _query_values(database_url: str | None, queries: dict[str, str]) -> dict[str, Any]:
     """Run each query; value = first column of first row, or None. Raises _SqlArgumentError naming it."""
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import (  # only for sql_arguments: workers stay free of SQLAlchemy
+        create_engine,
+        text,
+    )
 
+    if database_url is None:
+        raise _SqlArgumentError("database_url: required when sql_arguments is given")
     try:
         engine = create_engine(database_url)
-    except Exception as exc:  # noqa: BLE001 - bad driver, missing DBAPI module...
+    except Exception as exc:
         raise _SqlArgumentError(f"database_url: {type(exc).__name__}: {exc}") from exc
     values: dict[str, Any] = {}
     try:
@@ -150,12 +155,12 @@ def _query_values(database_url: str | None, queries: dict[str, str]) -> dict[str
             for name, query in queries.items():
                 try:
                     row = conn.execute(text(query)).first()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     raise _SqlArgumentError(f"sql_arguments.{name}: {type(exc).__name__}: {exc}") from exc
                 values[name] = row[0] if row is not None else None
     except _SqlArgumentError:
         raise
-    except Exception as exc:  # noqa: BLE001 - connection failures
+    except Exception as exc:
         raise _SqlArgumentError(f"database_url: cannot connect: {type(exc).__name__}: {exc}") from exc
     finally:
         engine.dispose()

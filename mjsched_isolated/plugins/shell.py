@@ -1,6 +1,7 @@
 """``shell`` job type: run one command (argv, no shell) and record its exit code and output tails.
 
-The command runs in its own session / process group (``start_new_session=True``). On timeout the whole
+The command runs in its own session / process group (``start_new_session=True``); the group is signalled
+and its members found through :mod:`mjsched_isolated.proctree`, the one process-tree module. On timeout the whole
 group is sent SIGTERM, then SIGKILL after ``kill_grace_s`` seconds, so grandchildren die too. After a normal
 exit, processes the command left behind in its group are killed unless ``kill_leftover_processes`` is
 false. The leader is not reaped until the group has been signalled, so its PID (= the group id) cannot be
@@ -20,9 +21,14 @@ import time
 from typing import Annotated
 
 import msgspec
-import psutil
 
-from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
+from mjsched_isolated import proctree
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+)
 from mjsched_isolated.errors import ConfigurationError
 
 _READ_SIZE = 65536
@@ -64,7 +70,7 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")[-chars:] if chars else ""
 
 
-class ShellJob(BaseScheduledJob):
+class ShellJob(BaseScheduledJob[ShellConfiguration]):
     """Run a command; success means exit code 0 within ``timeout_s``."""
 
     job_type = "shell"
@@ -85,7 +91,7 @@ class ShellJob(BaseScheduledJob):
                     f"configuration.env.{name}: names must be non-empty without '=' or NUL; values without NUL"
                 )
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
+    def execute(self, context: JobContext[ShellConfiguration]) -> ScheduledJobResult:
         cfg: ShellConfiguration = context.configuration
         details: dict = {"command": list(cfg.command), "exit_code": None, "timed_out": False}
         env = {**os.environ, **cfg.env} if cfg.env is not None else None
@@ -172,11 +178,11 @@ class ShellJob(BaseScheduledJob):
                         sel.unregister(key.fileobj)
         finally:
             if exited_at is None and not timed_out:  # an unexpected error in the loop: never leave it running
-                _signal_group(proc.pid, signal.SIGKILL)
-            leftovers = _group_members(proc.pid, exclude=proc.pid)
+                proctree.signal_group(proc.pid, signal.SIGKILL)
+            leftovers = proctree.group_members(proc.pid, exclude=proc.pid)
             details["leftover_pids"] = leftovers
             if leftovers and (timed_out or cfg.kill_leftover_processes):
-                _signal_group(proc.pid, signal.SIGKILL)
+                proctree.signal_group(proc.pid, signal.SIGKILL)
             sel.close()
             if pidfd is not None:
                 os.close(pidfd)
@@ -184,7 +190,8 @@ class ShellJob(BaseScheduledJob):
                 pipe.close()
         return timed_out
 
-    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+    def format_notification(self, context: JobContext[ShellConfiguration],
+            result: ScheduledJobResult) -> NotificationContent:
         details = result.details or {}
         command = " ".join(details.get("command") or [])
         if result.success:
@@ -221,30 +228,11 @@ def _pidfd_open(pid: int) -> int | None:
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM the group, wait up to ``grace_s`` for the leader to exit, then SIGKILL the group."""
     pgid = proc.pid
-    _signal_group(pgid, signal.SIGTERM)
+    proctree.signal_group(pgid, signal.SIGTERM)
     end = time.monotonic() + grace_s
     while time.monotonic() < end and not _has_exited(proc):
         time.sleep(0.02)
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_members(pgid: int, exclude: int) -> list[int]:
-    """PIDs of live processes in process group ``pgid`` other than ``exclude``."""
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != exclude and os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (OSError, psutil.Error):
-            continue
-    return members
+    proctree.signal_group(pgid, signal.SIGKILL)
 
 
 def _signame(signum: int) -> str:

@@ -23,7 +23,12 @@ from typing import Annotated
 
 import msgspec
 
-from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+)
 from mjsched_isolated.errors import ConfigurationError
 
 _HEARTBEAT_EVERY_S = 1.0
@@ -46,7 +51,7 @@ def backup_pattern(stem: str) -> re.Pattern[str]:
     return re.compile(re.escape(stem) + r"-\d{8}T\d{12}Z\.db\Z")
 
 
-class SqliteBackupJob(BaseScheduledJob):
+class SqliteBackupJob(BaseScheduledJob[SqliteBackupConfiguration]):
     """Copy a live SQLite database to a timestamped file and prune old copies."""
 
     job_type = "sqlite_backup"
@@ -62,7 +67,7 @@ class SqliteBackupJob(BaseScheduledJob):
         if not configuration.destination_dir or "\0" in configuration.destination_dir:
             raise ConfigurationError("configuration.destination_dir: must be a non-empty path without NUL characters")
 
-    def execute(self, context: JobContext) -> ScheduledJobResult:
+    def execute(self, context: JobContext[SqliteBackupConfiguration]) -> ScheduledJobResult:
         cfg: SqliteBackupConfiguration = context.configuration
         start = time.monotonic()
         source = Path(cfg.database)
@@ -70,7 +75,7 @@ class SqliteBackupJob(BaseScheduledJob):
         if not source.is_file():
             return _fail(details, start, f"database not found: {cfg.database}")
         dest_dir = Path(cfg.destination_dir)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         final = dest_dir / f"{source.stem}-{stamp}.db"
         partial = dest_dir / f".{final.name}.partial"
         try:
@@ -98,7 +103,7 @@ class SqliteBackupJob(BaseScheduledJob):
         return ScheduledJobResult(success=True, details=details)
 
     @staticmethod
-    def _copy(source: Path, target: Path, pages_per_step: int, context: JobContext) -> int:
+    def _copy(source: Path, target: Path, pages_per_step: int, context: JobContext[SqliteBackupConfiguration]) -> int:
         """Back up ``source`` into a fresh ``target`` file; return the page count copied."""
         uri = "file:" + urllib.parse.quote(str(source.resolve())) + "?mode=ro"
         total = 0
@@ -128,7 +133,8 @@ class SqliteBackupJob(BaseScheduledJob):
             src.close()
         return total
 
-    def format_notification(self, context: JobContext, result: ScheduledJobResult) -> NotificationContent:
+    def format_notification(self, context: JobContext[SqliteBackupConfiguration],
+            result: ScheduledJobResult) -> NotificationContent:
         d = result.details or {}
         if result.success:
             return NotificationContent(

@@ -1,0 +1,210 @@
+"""Running one request inside a worker child: validation, the plugin's ``execute`` (sync or ``async``),
+its notice text, and cleaning what the plugin hands over so the pipe and every database accept it.
+
+:func:`run` and :func:`validate` take the :class:`~mjsched_isolated.worker.loader.Registry` and a request;
+they never touch the pipe except through ``sender`` and never raise for plugin misbehaviour. A fake pool
+that runs plugins in-process (tests) calls them directly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from mjsched_isolated import protocol
+from mjsched_isolated.api import (
+    BaseScheduledJob,
+    JobContext,
+    NotificationContent,
+    ScheduledJobResult,
+)
+from mjsched_isolated.enums import Priority
+from mjsched_isolated.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from mjsched_isolated.worker.loader import Registry
+
+log = logging.getLogger("mjsched.child")
+
+HEARTBEAT_MIN_GAP_S = 0.25  # the child never floods the pipe; the supervisor throttles for real
+MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the run row stays small
+MAX_ERROR_CHARS = 4000
+TRACEBACK_TAIL_CHARS = 4000
+
+
+class Sender(Protocol):
+    """Where :func:`run` sends ``RunStarted`` and ``Heartbeat``: the worker's pipe (thread-safe), or a
+    fake pool's list. Raises ``OSError``/``ValueError`` when the peer is gone."""
+
+    def send(self, message: msgspec.Struct) -> None: ...
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The worker's one event loop for ``async def execute`` plugins: created on first use, reused by every
+    later run in this process (a plugin's loop-bound clients stay usable), never closed before exit.
+    asyncio is imported here, not at module level: it costs a worker ~8 MB that sync plugins never need."""
+    global _loop
+    import asyncio
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
+def validate(registry: Registry, job_type: str, configuration: str | None) -> str | None:
+    """None if ``configuration`` (JSON text) is valid for ``job_type``, else a one-line error naming the
+    field (``job_type: unknown job type ...``, ``configuration.timeout_s: ...``)."""
+    cls = registry.classes.get(job_type)
+    if cls is None:
+        known = ", ".join(sorted(registry.classes)) or "none"
+        return f"job_type: unknown job type {job_type!r} (available: {known})"
+    try:
+        cls().validate_configuration(cls.parse_configuration(configuration))
+    except ConfigurationError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a buggy validator is a plugin error, reported as such
+        return f"configuration: validator of {job_type!r} raised {type(exc).__name__}: {exc}"
+    return None
+
+
+def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protocol.RunFinished:
+    """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
+
+    Sends ``RunStarted`` before the plugin's ``execute`` and (throttled to one per
+    ``HEARTBEAT_MIN_GAP_S``) a ``Heartbeat`` per ``context.heartbeat()``. An ``async def execute`` runs to
+    completion in :func:`event_loop`; tasks it leaves pending are cancelled. A configuration that is no
+    longer valid gives a failure ``not started: ...``; a plugin exception (``SystemExit`` and
+    ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``.
+    """
+    error = validate(registry, req.job_type, req.configuration)
+    if error is not None:
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=f"not started: {error}")
+    cls = registry.classes[req.job_type]
+    last_beat = [0.0]
+
+    def heartbeat() -> None:
+        now = time.time()
+        if now - last_beat[0] >= HEARTBEAT_MIN_GAP_S:
+            last_beat[0] = now
+            try:
+                sender.send(protocol.Heartbeat(run_id=req.run_id, at=now))
+            except (OSError, ValueError):  # the supervisor is gone (its watchdog ends us): never raise in a plugin
+                pass
+
+    context: JobContext[Any] = JobContext(
+        run_id=req.run_id, job_id=req.job_id, job_name=req.job_name, job_type=req.job_type,
+        configuration=cls.parse_configuration(req.configuration),
+        scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
+    )
+    sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
+    plugin = cls()
+    try:
+        result = _call(plugin, context)
+        if not isinstance(result, ScheduledJobResult):
+            raise TypeError(f"execute() returned {type(result).__name__}, expected ScheduledJobResult")
+    except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        tail = traceback.format_exc()[-TRACEBACK_TAIL_CHARS:]
+        error = clean_text(f"plugin raised {text}")[:MAX_ERROR_CHARS]
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
+                                    notification=notice_text(plugin, context, ScheduledJobResult(
+                                        success=False, error_message=error)))
+    error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
+    outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
+    return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
+                                details=clean_details(result.details), notification=notice_text(plugin, context, outcome))
+
+
+def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
+    """``plugin.execute(context)``; an awaitable it returns is run to completion in the worker's loop."""
+    result: object = plugin.execute(context)
+    if inspect.isawaitable(result):
+        loop = event_loop()
+        try:
+            result = loop.run_until_complete(_await(result))
+        finally:
+            _cancel_pending(loop)
+    return result
+
+
+async def _await(awaitable: Any) -> object:
+    return await awaitable
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a run left on the loop and let them finish cancelling: no run's work leaks into
+    the next (as ``asyncio.run`` does, without closing the loop)."""
+    import asyncio  # lazy: already loaded by event_loop()
+
+    pending = asyncio.all_tasks(loop)
+    if not pending:
+        return
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+def notice_text(plugin: BaseScheduledJob[Any], context: JobContext[Any],
+                result: ScheduledJobResult) -> protocol.NoticeText | None:
+    """The plugin's ``format_notification(context, result)`` as a :class:`protocol.NoticeText`. One that
+    raises or returns something other than a valid ``NotificationContent`` is logged and replaced by the
+    default of :class:`BaseScheduledJob`; it never changes the run's result. None if even that fails."""
+    for formatter in (type(plugin).format_notification, BaseScheduledJob.format_notification):
+        try:
+            content = formatter(plugin, context, result)
+            if not isinstance(content, NotificationContent):
+                raise TypeError(f"returned {type(content).__name__}, expected NotificationContent")
+            if content.priority not in set(Priority):
+                raise ValueError(f"priority must be Low, Normal or High, got {content.priority!r}")
+            metadata = content.metadata if isinstance(content.metadata, dict) else None
+            subject = " ".join(clean_text(content.subject).split())  # one header line: no CR/LF, no NUL
+            return protocol.NoticeText(subject=subject[:MAX_ERROR_CHARS] or f"Scheduled job '{context.job_name}'",
+                                       body=clean_text(content.body)[:MAX_DETAILS_BYTES], priority=content.priority,
+                                       metadata=clean_details(metadata))
+        except BaseException as exc:  # noqa: BLE001 - a notice must never break the run's record
+            log.warning("format_notification of %s raised %s: %s; the default notice is used instead",
+                        context.job_type, type(exc).__name__, exc)
+    return None
+
+
+def clean_text(value: object) -> str:
+    """A plugin's string as text every database stores: NUL (which PostgreSQL refuses) becomes U+FFFD."""
+    return str(value).replace("\x00", "\ufffd")
+
+
+def clean_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Details as plain JSON values (anything else becomes its ``repr``), at most ``MAX_DETAILS_BYTES``
+    encoded; larger ones are replaced by ``{"truncated": True, "size_bytes": N, "preview": "..."}``."""
+    if details is None:
+        return None
+    encoded = msgspec.json.encode(details, enc_hook=repr)
+    if len(encoded) > MAX_DETAILS_BYTES:
+        return {"truncated": True, "size_bytes": len(encoded),
+                "preview": encoded[:2000].decode("utf-8", errors="replace")}
+    cleaned = _wire_safe(msgspec.json.decode(encoded))
+    return cleaned if isinstance(cleaned, dict) else None
+
+
+def _wire_safe(value: object) -> object:
+    """JSON values the pipe's msgpack encoding accepts: integers beyond 64 bits become strings."""
+    if isinstance(value, dict):
+        return {k: _wire_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_wire_safe(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
+
+
+def _from_epoch(value: float | None) -> dt.datetime | None:
+    return None if value is None else dt.datetime.fromtimestamp(value, dt.UTC)

@@ -1,0 +1,48 @@
+"""The worker's watchdog: a forked *process* that ends the worker's whole tree when its supervisor is gone
+or can no longer be trusted.
+
+It is forked before any plugin code runs (no thread, no lock held), so a plugin holding the GIL cannot
+stall it. Every ``PARENT_CHECK_INTERVAL_S`` it checks that the worker's parent is still the supervisor (the
+kernel re-parents the worker the moment the supervisor dies, even by SIGKILL) and, while a run executes,
+that the supervisor's lease is still trusted (``fence_at``, renewed by the supervisor; a supervisor frozen
+by SIGSTOP or a suspended VM cannot fence its own runs, so its workers do; see
+:mod:`mjsched_isolated.supervisor.liveness`). Otherwise it kills the worker's tree
+(:func:`mjsched_isolated.proctree.kill_tree`; the group signal ends the watchdog too). It exits by itself
+when the worker exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+import psutil
+
+from mjsched_isolated import proctree
+
+PARENT_CHECK_INTERVAL_S = 0.1
+
+
+def start(supervisor_pid: int, busy: Any, fence_at: Any) -> int:
+    """Fork the watchdog of this (worker) process and return its pid. ``busy``: a shared byte, 1 while a
+    run executes; ``fence_at``: a shared double, the monotonic time after which busy runs are killed (None:
+    no fence)."""
+    worker_pid = os.getpid()
+    pid = os.fork()
+    if pid != 0:
+        return pid
+    with contextlib.suppress(BaseException):  # the watchdog never returns into the worker's code
+        os.closerange(3, 1 << 16)  # hold no pipe of the worker's: its death must stay visible at once
+        worker = psutil.Process(worker_pid)
+        while True:
+            time.sleep(PARENT_CHECK_INTERVAL_S)  # an outer loop polling the kernel, not a test sync
+            if os.getppid() != worker_pid:
+                os._exit(0)  # the worker is gone (exited or killed): nothing left to guard
+            if worker.ppid() != supervisor_pid:
+                break
+            if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
+                break
+        proctree.kill_tree(worker_pid)
+    os._exit(0)

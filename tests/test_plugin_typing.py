@@ -1,0 +1,82 @@
+"""Typed for plugin authors: the plugin-writing examples in mjsched_isolated/plugins/README.md type-check
+under mypy, a misspelt configuration field is a mypy error, and the examples run (``retries = 0``
+included, which raised UnboundLocalError in the old README example)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugin_helpers import run_job
+
+from mjsched_isolated.worker.loader import load_plugins
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "mjsched_isolated" / "plugins" / "README.md"
+
+
+def _examples() -> dict[str, str]:
+    """The python blocks of the README's "Writing your own plugin" section, by the job class they define."""
+    section = README.read_text().split("## Writing your own plugin", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 2, blocks
+    return {re.search(r"^class (\w+)\(BaseScheduledJob", b, re.MULTILINE).group(1): b for b in blocks}  # type: ignore[union-attr]
+
+
+def _mypy(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return subprocess.run(  # default mode; the errors of modules it imports are not this test's business
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--cache-dir", str(tmp_path / ".mypy_cache"),
+         *(str(tmp_path / name) for name in files)], capture_output=True, text=True, timeout=55, cwd=ROOT,
+        check=False)
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("readme_plugins")
+    for cls, text in _examples().items():
+        (folder / f"{cls.lower()}.py").write_text(text)
+    registry = load_plugins(folder, builtins=False)
+    assert registry.failures == []
+    return registry.classes
+
+
+def test_the_examples_type_check_and_a_misspelt_field_is_an_error(tmp_path):
+    examples = _examples()
+    wrong = examples["Ping"].replace("cfg = context.configuration\n",
+                                     "cfg = context.configuration\n        print(context.configuration.urll)\n")
+    assert wrong != examples["Ping"]
+    proc = _mypy(tmp_path, {"disk_usage.py": examples["DiskUsageJob"], "ping.py": examples["Ping"],
+                            "ping_wrong.py": wrong})
+    errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1, proc.stdout + proc.stderr  # the two README examples themselves are clean
+    assert errors[0].startswith(str(tmp_path / "ping_wrong.py"))
+    assert '"PingConfig" has no attribute "urll"' in errors[0]
+
+
+def test_configuration_type_is_inferred_from_the_generic_parameter(plugins):
+    ping = plugins["ping"]
+    assert ping.configuration_type is not None and ping.configuration_type.__name__ == "PingConfig"
+    assert ping.parse_configuration('{"url": "file:///x", "retries": 0}').retries == 0
+
+
+def test_the_retrying_example_works_with_no_retries(plugins, tmp_path):
+    target = tmp_path / "up.txt"
+    target.write_text("up")
+    up = run_job(plugins["ping"], {"url": target.as_uri(), "retries": 0})
+    down = run_job(plugins["ping"], {"url": (tmp_path / "gone.txt").as_uri(), "retries": 0})
+    retried = run_job(plugins["ping"], {"url": (tmp_path / "gone.txt").as_uri(), "retries": 2})
+    assert (up.success, up.details) == (True, {"attempts": 1})
+    assert (down.success, down.details) == (False, {"attempts": 1}) and "gone.txt" in down.error_message
+    assert retried.details == {"attempts": 3}
+    json.dumps(retried.details)
+
+
+def test_the_disk_usage_example_runs(plugins, tmp_path):
+    result = run_job(plugins["disk_usage"], {"path": str(tmp_path), "max_used_percent": 100})
+    assert result.success and result.details["path"] == str(tmp_path)
