@@ -123,6 +123,38 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(sa.select(jobs).order_by(jobs.c.name)).mappings()]
 
+    # == BEGIN jobs sync (helper cli): one transaction for a whole jobs file; move with the jobs module ====
+    def apply_job_changes(self, creates: list[Row], updates: list[tuple[str, Row]], now: dt.datetime) -> None:
+        """Insert every row of ``creates`` and apply every ``(name, column values)`` of ``updates``, in ONE
+        transaction: all of them or none (``jobs sync`` is all-or-nothing). Raises :class:`InputError`
+        naming ``name`` when a created name is taken (e.g. by another supervisor's sync meanwhile: the
+        caller re-reads and retries), :class:`NotFoundError` when an updated job is gone; nothing is
+        written then."""
+        def encoded(values: Row) -> Row:
+            values = dict(values)
+            if values.get("configuration") is not None and not isinstance(values["configuration"], str):
+                values["configuration"] = json.dumps(values["configuration"])
+            return values
+
+        try:
+            with self.engine.begin() as conn:
+                for values in creates:
+                    conn.execute(jobs.insert().values(**encoded(values), created_at=now, updated_at=now))
+                for name, values in updates:
+                    stmt = jobs.update().where(jobs.c.name == name).values(**encoded(values), updated_at=now)
+                    if conn.execute(stmt).rowcount != 1:
+                        raise NotFoundError("name", f"no job named {name!r}")
+        except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
+            if not _is_constraint_violation(exc):
+                raise
+            names = [values.get("name") for values in creates]
+            with self.engine.connect() as conn:
+                taken = conn.execute(sa.select(jobs.c.name).where(jobs.c.name.in_(names))).scalars().first()
+            if taken:
+                raise InputError("name", f"a job named {taken!r} already exists") from None
+            raise InputError("job", f"rejected by the database: {exc.orig}") from None
+    # == END jobs sync ===================================================================================
+
     # -- jobs: what the poll loop reads ------------------------------------------------------------
     def _dispatchable(self, exclude: set[int]):
         """Active, scheduled, not excluded, and not waiting: a Queue job (or a RunAll job, which never
