@@ -18,7 +18,8 @@ import socket
 import tomllib
 import typing
 import urllib.parse
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,6 +34,12 @@ ENV_PREFIX = "MJSCHED_"
 def default_instance() -> str:
     """``<hostname>-<pid>``, the reference's ``LockedByInstance`` format (§2.5)."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _doc(text: str, *, cli: str | None = None) -> msgspec.Meta:
+    """A setting's description (CLI flag help is generated from it). ``cli``: ``"hidden"`` (no flag:
+    tests only), ``"common"`` (a flag of every command, not only ``serve``) or None."""
+    return msgspec.Meta(description=text, extra={"cli": cli} if cli else {})
 
 
 def _seconds(section: str, owner: Any, names: tuple[str, ...], *, positive: bool = True) -> None:
@@ -58,7 +65,8 @@ class Retention(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.keep_days) or not 0 <= self.keep_days <= 36500:
-            raise InputError("retention.keep_days", f"must be between 0 (keep everything) and 36500, got {self.keep_days}")
+            raise InputError("retention.keep_days",
+                             f"must be between 0 (keep everything) and 36500, got {self.keep_days}")
         if self.keep_min_per_job < 0:
             raise InputError("retention.keep_min_per_job", f"must be 0 or more, got {self.keep_min_per_job}")
         if not 1 <= self.prune_batch_size <= 100_000:
@@ -87,9 +95,11 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     unset. Binds to 127.0.0.1 unless told otherwise. ``stall_after_s``: ``/healthz`` fails when the poll
     loop has not completed a step for this long."""
 
-    port: int | None = None
-    host: str = "127.0.0.1"
-    stall_after_s: float = 60.0
+    port: Annotated[int | None, _doc("serve Prometheus /metrics and /healthz on this port (0: a free one); "
+                                     "off if unset")] = None
+    host: Annotated[str, _doc("address for the metrics port")] = "127.0.0.1"
+    stall_after_s: Annotated[float, _doc("/healthz fails when the poll loop has not completed a step for this "
+                                         "many seconds")] = 60.0
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
@@ -173,8 +183,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise InputError("notifications.max_attempts", f"must be between 1 and 1000, got {self.max_attempts}")
         _seconds("notifications.", self, ("retry_backoff_s", "retry_backoff_max_s"))
         if self.retry_backoff_max_s < self.retry_backoff_s:
-            raise InputError("notifications.retry_backoff_max_s", f"must be at least retry_backoff_s "
-                                                                 f"({self.retry_backoff_s}), got {self.retry_backoff_max_s}")
+            raise InputError("notifications.retry_backoff_max_s",
+                             f"must be at least retry_backoff_s ({self.retry_backoff_s}), "
+                             f"got {self.retry_backoff_max_s}")
 
     def channels(self) -> list[str]:
         """Names of the enabled channels, in delivery order."""
@@ -184,39 +195,46 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
-    ``lease_timeout_s``: default run deadline and lease length (reference ``defaultLockTimeout``, 600 s);
-    a job's ``max_runtime_minutes`` only lengthens it. ``heartbeat_interval_s`` / ``heartbeat_lease_s``:
-    at most one effective extension per interval, to now + lease (reference: 5 min / 6 min).
-    ``rescan_interval_s``: longest sleep before re-reading the jobs table for changes made by others and
-    sweeping runs of dead supervisors; due times themselves wake the loop exactly.
-    ``shutdown_timeout_s``: drain bound on SIGTERM/SIGINT. ``lease_ttl_s`` / ``lease_renew_interval_s``:
-    the supervisor's liveness lease (see :mod:`liveness`); a dead supervisor's runs are recovered within
-    ``lease_ttl_s + rescan_interval_s``. ``clock_skew_s``: added to the local clock reading; for tests
-    that simulate a machine whose clock is wrong. ``max_catchup_runs``: RunAll's bound on a job's backlog
-    (at most :data:`MAX_CATCHUP_RUNS`: each catch-up decision reads up to twice that many occurrences).
-    ``jobs_file``: TOML jobs file synced when ``serve`` starts (default ``<plugins_dir>/jobs.toml`` when it
-    exists). ``auto_upgrade``: ``serve`` applies pending schema migrations instead of refusing to start.
+    Each field's meaning is in its ``msgspec.Meta`` description (:func:`field_docs`; the ``serve`` flags
+    and the settings reference are generated from them). Durations are seconds; reference values are
+    from reference-engine-spec.md (``defaultLockTimeout`` 600 s, heartbeat 5 min / 6 min).
     """
 
-    database_url: str = DEFAULT_DATABASE_URL
-    plugins_dir: str = "plugins"
-    jobs_file: str | None = None
-    max_concurrent_jobs: int = 5
-    lease_timeout_s: float = 600.0
-    shutdown_timeout_s: float = 30.0
-    rescan_interval_s: float = 1.0
-    heartbeat_interval_s: float = 300.0
-    heartbeat_lease_s: float = 360.0
-    worker_ready_timeout_s: float = 60.0
-    plugin_import_timeout_s: float = 10.0
-    lease_ttl_s: float = 30.0
-    lease_renew_interval_s: float = 10.0
-    clock_skew_s: float = 0.0
-    max_catchup_runs: int = 100
-    instance: str = msgspec.field(default_factory=default_instance)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    auto_upgrade: bool = False
+    database_url: Annotated[str, _doc("SQLAlchemy database URL (SQLite file, PostgreSQL, MariaDB/MySQL)",
+                                      cli="common")] = DEFAULT_DATABASE_URL
+    plugins_dir: Annotated[str | None, _doc(
+        "folder of local plugin modules, added to the built-in plugins; unset: ./plugins if that folder "
+        "exists (an explicitly named folder that does not exist is an error)", cli="common")] = None
+    jobs_file: Annotated[str | None, _doc(
+        "TOML jobs file synced when serve starts (default: <plugins_dir or ./plugins>/jobs.toml if it exists)")
+    ] = None
+    max_concurrent_jobs: Annotated[int, _doc("the cap: worker children, so runs at once")] = 5
+    lease_timeout_s: Annotated[float, _doc(
+        "default run deadline and lease length in seconds; a job's max_runtime_minutes only lengthens it")] = 600.0
+    shutdown_timeout_s: Annotated[float, _doc("drain bound in seconds on SIGTERM/SIGINT")] = 30.0
+    rescan_interval_s: Annotated[float, _doc(
+        "longest sleep in seconds before looking for job changes by others and runs of dead supervisors")] = 1.0
+    heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
+    heartbeat_lease_s: Annotated[float, _doc("a heartbeat extends the run's deadline to now + this many seconds")
+                                 ] = 360.0
+    worker_ready_timeout_s: Annotated[float, _doc("seconds a worker child may take to import plugins and "
+                                                  "report ready")] = 60.0
+    plugin_import_timeout_s: Annotated[float, _doc("seconds one plugin module may take to import before it "
+                                                   "is left out")] = 10.0
+    lease_ttl_s: Annotated[float, _doc(
+        "this supervisor's liveness lease in seconds; a dead one's runs are recovered within TTL + rescan")] = 30.0
+    lease_renew_interval_s: Annotated[float, _doc("seconds between renewals of the liveness lease")] = 10.0
+    clock_skew_s: Annotated[float, _doc("seconds added to the local clock (tests simulating a wrong clock)",
+                                        cli="hidden")] = 0.0
+    max_catchup_runs: Annotated[int, _doc(
+        f"RunAll jobs catch up at most this many missed occurrences (at most {MAX_CATCHUP_RUNS})")] = 100
+    instance: Annotated[str, _doc("this supervisor's name in leases and logs (default <hostname>-<pid>)")] = \
+        msgspec.field(default_factory=default_instance)
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], _doc("log level", cli="common")] = "INFO"
+    log_format: Annotated[Literal["text", "json"], _doc("text, or json: one JSON object per line on stderr",
+                                                        cli="common")] = "text"
+    auto_upgrade: Annotated[bool, _doc("apply pending schema migrations at start instead of refusing to start")
+                            ] = False
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
@@ -235,7 +253,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise InputError("max_catchup_runs",
                              f"must be between 1 and {MAX_CATCHUP_RUNS}, got {self.max_catchup_runs}")
         if not 1 <= self.max_concurrent_jobs <= 1000:
-            raise InputError("max_concurrent_jobs", f"must be an integer between 1 and 1000, got {self.max_concurrent_jobs}")
+            raise InputError("max_concurrent_jobs",
+                             f"must be an integer between 1 and 1000, got {self.max_concurrent_jobs}")
         for name in ("lease_timeout_s", "rescan_interval_s", "heartbeat_lease_s", "worker_ready_timeout_s",
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
@@ -258,13 +277,14 @@ SECRET_WORDS = ("password", "passwd", "pwd", "secret", "token", "key")
 
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (SQLAlchemy's own rendering), for logs and errors."""
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # noqa: PLC0415 - loaded only where needed
 
     try:
         parsed = sa.engine.make_url(url)
     except Exception:  # noqa: BLE001 - unparseable (a bad port, say): mask what looks like a secret anyway
         masked = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
-        return re.sub(r"([?&][^=&]*(?:" + "|".join(SECRET_WORDS) + r")[^=&]*=)[^&]*", r"\1***", masked, flags=re.I)
+        secret_param = r"([?&][^=&]*(?:" + "|".join(SECRET_WORDS) + r")[^=&]*=)[^&]*"
+        return re.sub(secret_param, r"\1***", masked, flags=re.IGNORECASE)
     # a password can also be a query parameter (?password=..., libpq's form): masked the same way
     query = {k: ("***" if any(word in k.lower() for word in SECRET_WORDS) else v) for k, v in parsed.query.items()}
     return parsed.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
@@ -364,3 +384,53 @@ def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
         elif value is not None:
             out[key] = value
     return out
+
+
+# -- what the CLI and the docs read ------------------------------------------------------------------------
+class FieldDoc(msgspec.Struct, frozen=True):
+    """One setting as documentation: ``key`` (``metrics.port``), its type without ``None``, whether
+    ``None`` is allowed, the default (None when it is computed, as ``instance``), the description and the
+    ``cli`` role (see :func:`_doc`)."""
+
+    key: str
+    type: Any
+    optional: bool
+    default: Any
+    description: str
+    cli: str | None
+
+
+def field_docs(struct: type[msgspec.Struct] = Settings, prefix: str = "") -> list[FieldDoc]:
+    """The described scalar fields of ``struct`` (sections are not descended into), in declaration order."""
+    hints = typing.get_type_hints(struct, include_extras=True)
+    out = []
+    for field in msgspec.structs.fields(struct):
+        hint = hints[field.name]
+        if typing.get_origin(hint) is not Annotated:
+            continue
+        kind, *extras = typing.get_args(hint)
+        meta = next(e for e in extras if isinstance(e, msgspec.Meta))
+        args = typing.get_args(kind)
+        optional = type(None) in args and typing.get_origin(kind) is not Literal
+        if optional:
+            kind = next(a for a in args if a is not type(None))
+        default = None if field.default is msgspec.NODEFAULT else field.default
+        out.append(FieldDoc(key=prefix + field.name, type=kind, optional=optional, default=default,
+                            description=meta.description or "", cli=(meta.extra or {}).get("cli")))
+    return out
+
+
+def effective_plugins_dir(settings: Settings) -> str | None:
+    """The local plugins folder to load: the configured one, else ``./plugins`` when that folder exists,
+    else None (built-in plugins only)."""
+    if settings.plugins_dir is not None:
+        return settings.plugins_dir
+    return "plugins" if Path("plugins").is_dir() else None
+
+
+def default_jobs_file(settings: Settings) -> str | None:
+    """``serve``'s jobs file: ``jobs_file``, else ``<plugins_dir or ./plugins>/jobs.toml`` when it exists."""
+    if settings.jobs_file is not None:
+        return settings.jobs_file
+    candidate = Path(settings.plugins_dir or "plugins", "jobs.toml")
+    return str(candidate) if candidate.is_file() else None

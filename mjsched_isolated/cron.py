@@ -3,6 +3,13 @@
 Expressions have 5 fields (minute hour day-of-month month day-of-week) or 6 fields with **seconds
 first**, as in the reference engine (cron-parser): ``0 30 9 * * MON-FRI`` is 09:30:00 on weekdays
 (reference-engine-spec.md §6). Every expression is read in an IANA time zone; results are aware UTC.
+
+Supported forms (:data:`SUPPORTED_FORMS`, shown in the CLI's help): ``*``, values, lists (``1,15``),
+ascending ranges (``1-5``; a descending one such as ``5-1`` is refused: croniter would silently wrap it
+around), steps (``*/15``, ``0-30/10``), month and weekday names (``JAN``, ``MON-FRI``), ``L``, ``W`` and
+``#`` (``L`` last day of month, ``15W`` nearest weekday, ``FRI#2`` second Friday), and the aliases
+``@yearly``/``@annually``, ``@monthly``, ``@weekly``, ``@daily``/``@midnight``, ``@hourly`` (as Vixie
+cron and Kubernetes CronJob; ``@reboot`` has no meaning for a scheduler and is refused).
 """
 
 from __future__ import annotations
@@ -11,13 +18,27 @@ import bisect
 import copy
 import datetime as dt
 import functools
+import itertools
+import re
 import zoneinfo
 
 from croniter import croniter
 
 from mjsched_isolated.errors import CronError
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
+
+SUPPORTED_FORMS = ("5 fields (min hour dom month dow) or 6 with seconds first; lists 1,15; ascending "
+                   "ranges 1-5; steps */15; names JAN, MON-FRI; L, W, #; aliases @hourly @daily @midnight "
+                   "@weekly @monthly @yearly @annually")
+ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+           "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+# Zone names that mean "whatever this host is set to": a fleet would schedule one job differently per host
+HOST_ZONES = frozenset({"local", "localtime", "posixrules"})
+_NAMES = {3: {m: i for i, m in enumerate(("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT",
+                                          "NOV", "DEC"), start=1)},
+          4: {d: i for i, d in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}}
+_RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)$")
 
 
 @functools.lru_cache(maxsize=512)
@@ -25,16 +46,31 @@ def zone(timezone: str) -> zoneinfo.ZoneInfo:
     """The ``ZoneInfo`` for an IANA name. Raises :class:`CronError` (field ``timezone``) if unknown."""
     if not timezone or not isinstance(timezone, str):
         raise CronError("timezone", "must be an IANA time zone name such as 'UTC' or 'Europe/Berlin'")
+    if timezone.strip().lower() in HOST_ZONES:
+        raise CronError("timezone", f"{timezone!r} is the host's own zone, which differs between machines; "
+                                    "name an IANA zone such as 'Europe/Berlin'")
     try:
         return zoneinfo.ZoneInfo(timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise CronError("timezone", f"unknown time zone {timezone!r}") from None
 
 
+def expand(cron_expression: str) -> str:
+    """``cron_expression`` with an alias (``@daily``) replaced by its 5 fields; other text unchanged."""
+    text = cron_expression.strip()
+    if text.startswith("@"):
+        try:
+            return ALIASES[text.lower()]
+        except KeyError:
+            raise CronError("cron_expression", f"unknown alias {text!r}; supported: "
+                                               f"{', '.join(ALIASES)}") from None
+    return cron_expression
+
+
 def _fields(cron_expression: str) -> list[str]:
     if not isinstance(cron_expression, str) or not cron_expression.strip():
         raise CronError("cron_expression", "is required")
-    fields = cron_expression.split()
+    fields = expand(cron_expression).split()
     if len(fields) not in (5, 6):
         raise CronError(
             "cron_expression",
@@ -48,8 +84,24 @@ def validate(cron_expression: str, timezone: str = "UTC") -> None:
     """Raise :class:`CronError` naming ``cron_expression`` or ``timezone`` if either is invalid."""
     fields = _fields(cron_expression)
     zone(timezone)
-    if not croniter.is_valid(cron_expression, second_at_beginning=len(fields) == 6):
+    _refuse_descending_ranges(cron_expression, fields)
+    if not croniter.is_valid(" ".join(fields), second_at_beginning=len(fields) == 6):
         raise CronError("cron_expression", f"invalid cron expression {cron_expression!r}")
+
+
+def _refuse_descending_ranges(cron_expression: str, fields: list[str]) -> None:
+    """croniter reads ``5-1`` as a wrap-around (5,6,...,0,1); cron(8) and the reference refuse it."""
+    offset = 1 if len(fields) == 6 else 0
+    for position, field in enumerate(fields):
+        names = _NAMES.get(position - offset, {})
+        for part in field.split(","):
+            match = _RANGE.match(part.split("/")[0])
+            if not match:
+                continue
+            low, high = (names.get(v.upper()) if not v.isdigit() else int(v) for v in match.groups())
+            if low is not None and high is not None and low > high:
+                raise CronError("cron_expression", f"descending range {part.split('/')[0]!r} in "
+                                                   f"{cron_expression!r}; write it as two ranges or a list")
 
 
 # --- Daylight-saving rules -------------------------------------------------------------------------
@@ -161,8 +213,9 @@ def _prototype(cron_expression: str) -> tuple[croniter, bool]:
     """A parsed croniter (copied per use: parsing costs ~0.1 ms) and whether the hour field is fixed."""
     fields = _fields(cron_expression)
     six = len(fields) == 6
+    _refuse_descending_ranges(cron_expression, fields)
     try:
-        proto = croniter(cron_expression, dt.datetime(2000, 1, 1), second_at_beginning=six)
+        proto = croniter(" ".join(fields), dt.datetime(2000, 1, 1), second_at_beginning=six)
     except (ValueError, KeyError, TypeError) as exc:
         raise CronError("cron_expression", f"invalid cron expression {cron_expression!r} ({exc})") from None
     hour = fields[2 if six else 1]
@@ -173,7 +226,7 @@ def _prototype(cron_expression: str) -> tuple[croniter, bool]:
 class _Walls:
     """Matching local wall times (naive), via one croniter copy."""
 
-    __slots__ = ("_itr", "_expr")
+    __slots__ = ("_expr", "_itr")
 
     def __init__(self, cron_expression: str, proto: croniter) -> None:
         self._itr = copy.copy(proto)
@@ -267,4 +320,4 @@ def min_interval_s(cron_expression: str, timezone: str, after: dt.datetime, samp
             times.append(next_run_time(cron_expression, timezone, times[-1]))
     except CronError:
         return float("inf")
-    return min((b - a).total_seconds() for a, b in zip(times, times[1:]))
+    return min((b - a).total_seconds() for a, b in itertools.pairwise(times))

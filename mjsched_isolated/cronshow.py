@@ -32,7 +32,7 @@ MAX_COUNT = 10_000
 
 def _parse_after(after: dt.datetime | str | None, tz) -> dt.datetime:
     if after is None:
-        return dt.datetime.now(dt.timezone.utc)
+        return dt.datetime.now(dt.UTC)
     if isinstance(after, str):
         text = after.strip()
         if text.endswith(("Z", "z")):
@@ -66,7 +66,7 @@ def describe_next(
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise CronError("count", f"must be an integer from 1 to {MAX_COUNT}, not {count!r}")
     tz = cron.zone(timezone)
-    six = len(cron_expression.split()) == 6
+    six = len(cron.expand(cron_expression).split()) == 6
     t = _parse_after(after, tz)
     rows: list[dict] = []
     for _ in range(count):

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from mjsched_isolated import cron
-from mjsched_isolated import planner
-from mjsched_isolated.errors import InputError, msgspec_field_error
+from mjsched_isolated import cron, planner
 from mjsched_isolated.config import is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
+from mjsched_isolated.errors import InputError, msgspec_field_error
 
 JOB_STATUSES = values(JobStatus)
 CONCURRENCY_MODES = values(ConcurrencyMode)
@@ -26,7 +26,12 @@ MISSED_RUN_POLICIES = values(MissedRunPolicy)
 
 
 MAX_RUNTIME_MINUTES = int(planner.MAX_RUN_TIMEOUT_S // 60)
-JITTER_REFERENCE = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)  # where a schedule's interval is sampled
+# The jobs table's column limits in characters (mjsched_isolated/store/schema.py; a test keeps them equal):
+# PostgreSQL and MariaDB refuse a longer value, SQLite would keep it, so every backend is held to them.
+TEXT_LIMITS = {"name": 200, "job_type": 100, "cron_expression": 120, "timezone": 64}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: newlines, NUL, terminal escapes
+_CONTROL_BUT_LAYOUT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # a description may hold tabs, lines
+JITTER_REFERENCE = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # where a schedule's interval is sampled
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -69,6 +74,14 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("name", "must not be empty")
     if not spec.job_type.strip():
         fail("job_type", "must not be empty")
+    for field, limit in TEXT_LIMITS.items():
+        text = getattr(spec, field)
+        if len(text) > limit:
+            fail(field, f"must be at most {limit} characters, got {len(text)}")
+        if _CONTROL.search(text):  # a newline in a name forges log lines; PostgreSQL refuses NUL outright
+            fail(field, f"must not contain control characters (newline, NUL, escape), got {text[:40]!r}")
+    if spec.description is not None and _CONTROL_BUT_LAYOUT.search(spec.description):
+        fail("description", "must not contain control characters other than tab and newline")
     try:
         cron.validate(spec.cron_expression, spec.timezone)
     except InputError as exc:
@@ -161,4 +174,4 @@ def _aware(value: dt.datetime | None, zone: dt.tzinfo) -> dt.datetime | None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=zone)
-    return value.astimezone(dt.timezone.utc)
+    return value.astimezone(dt.UTC)

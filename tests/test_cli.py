@@ -1,7 +1,10 @@
-"""The CLI as a user runs it: real processes, a real SQLite file, the fixture plugins."""
+"""The CLI as a user runs it, in-process (``main(argv)``: a real SQLite file, the fixture plugins in real
+worker children), plus a few real processes where the process is the point: the installed console
+script's exit code and ``--version``, and SIGTERM during ``jobs run``."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -11,30 +14,26 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
+
+from mjsched_isolated import InputError, NotFoundError, __version__, config
+from mjsched_isolated.cli.commands import settings_flags
+from mjsched_isolated.cli.parser import build_parser
+from mjsched_isolated.store.core import Store
 from mjsched_isolated.store.schema import jobs, runs
 from mjsched_isolated.supervisor.core import utcnow
 
+CONSOLE_SCRIPT = Path(sys.executable).parent / "mjsched"
+
 
 @pytest.fixture
-def cli(db_url, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
-    env.update(MJSCHED_DATABASE_URL=db_url, MJSCHED_PLUGINS_DIR=FIXTURE_PLUGINS)
-
-    def run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
-                              timeout=60, env=env, cwd=tmp_path)
-        assert proc.returncode == expect, (proc.returncode, proc.stdout, proc.stderr)
-        return proc
-
-    return run
+def cli(db_url, tmp_path, capsys, monkeypatch) -> Cli:
+    return Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": FIXTURE_PLUGINS})
 
 
-def _error_line(proc) -> str:
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
+def _error_line(result) -> str:
+    return error_line(result)
 
 
 @pytest.mark.parametrize("args, field", [
@@ -46,7 +45,8 @@ def _error_line(proc) -> str:
     (["--type", "ok", "--cron", "* * * * *", "--configuration", '{"seconds": "x"}'], "configuration.seconds"),
     (["--type", "ok", "--cron", "* * * * *", "--configuration", '{"nonsense": 1}'], "configuration.nonsense"),
     (["--type", "picky", "--cron", "* * * * *", "--configuration", '{"seconds": -1}'], "configuration.seconds"),
-    (["--type", "ok", "--cron", "* * * * *", "--concurrency-mode", "Often"], "concurrency_mode"),
+    (["--type", "ok", "--cron", "* * * * *", "--concurrency-mode", "Often"],
+     "argument --concurrency-mode: invalid choice"),
     (["--type", "ok", "--cron", "* * * * *", "--max-runtime-minutes", "0"], "max_runtime_minutes"),
     (["--type", "ok", "--cron", "* * * * *", "--max-runtime-minutes", "9999999999999"], "max_runtime_minutes"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "9999-12-31T23:59:59Z"], "start_at"),
@@ -59,8 +59,9 @@ def _error_line(proc) -> str:
 ])
 def test_bad_input_is_one_line_naming_the_field_exit_2_and_nothing_written(cli, args, field):
     proc = cli("jobs", "add", "j", *args, expect=2)
-    assert _error_line(proc).startswith(f"error: {field}"), proc.stderr
-    assert json.loads(cli("jobs", "list", "--json").stdout) == []
+    line = _error_line(proc)
+    assert line.startswith((f"error: {field}", f"mjsched jobs add: error: {field}")), line
+    assert "no database at" in cli("jobs", "list", expect=2).stderr  # nothing written: not even a database
 
 
 def test_add_list_show_pause_resume_remove(cli):
@@ -73,7 +74,7 @@ def test_add_list_show_pause_resume_remove(cli):
     assert job["status"] == "Active" and job["timezone"] == "Europe/Berlin" and job["max_runtime_minutes"] == 20
     next_run = dt.datetime.fromisoformat(job["next_run_at"])
     assert next_run.tzinfo is not None and job["next_run_at"].endswith("Z")
-    assert next_run.astimezone(dt.timezone.utc).minute == 30  # 02:30:00 Berlin is hh:30 UTC
+    assert next_run.astimezone(dt.UTC).minute == 30  # 02:30:00 Berlin is hh:30 UTC
     cli("jobs", "pause", "nightly")
     paused = json.loads(cli("jobs", "show", "nightly", "--json").stdout)
     assert paused["status"] == "Paused" and paused["next_run_at"] is None
@@ -128,13 +129,15 @@ def test_jobs_sync_creates_updates_and_rejects_bad_files(cli, tmp_path):
     assert "0 job(s) created, 1 updated" in cli("jobs", "sync", str(good)).stdout
     a = json.loads(cli("jobs", "show", "a", "--json").stdout)
     assert a["cron_expression"] == "*/7 * * * *" and a["status"] == "Paused"  # status kept: not in the file
-    assert json.loads(a["configuration"]) == {"seconds": 1.0}
+    assert a["configuration"] == {"seconds": 1.0}  # an object, not JSON text
     bad = tmp_path / "bad.toml"
-    for text, field in [('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "nope"\n', "jobs[0].cron_expression"),
+    for text, field in [('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "nope"\n',
+                         "jobs[0].cron_expression"),
                         ('[[jobs]]\nname = "c"\njob_type = "ok"\ncron = "* * * * *"\n', "jobs[0]"),
-                        ('[[jobs]]\nname = "c"\njob_type = "ghost"\ncron_expression = "* * * * *"\n', "jobs[0].job_type"),
-                        ('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "* * * * *"\n'
-                         '[jobs.configuration]\nseconds = "slow"\n', "jobs[0].configuration.seconds"),
+                        ('[[jobs]]\nname = "c"\njob_type = "ghost"\ncron_expression = "* * * * *"\n',
+                         "jobs[0].job_type"),
+                        (('[[jobs]]\nname = "c"\njob_type = "ok"\ncron_expression = "* * * * *"\n'
+                         '[jobs.configuration]\nseconds = "slow"\n'), "jobs[0].configuration.seconds"),
                         ("not toml [", "bad.toml")]:
         bad.write_text(text)
         line = _error_line(cli("jobs", "sync", str(bad), expect=2))
@@ -143,11 +146,11 @@ def test_jobs_sync_creates_updates_and_rejects_bad_files(cli, tmp_path):
 
 
 def test_plugins_list_reports_types_and_failures(cli):
-    report = json.loads(cli("plugins", "list", "--json").stdout)
+    report = json.loads(cli("plugins", "list", "--json", expect=1).stdout)  # a module failed: exit 1
     assert {"ok", "hang", "segv"} <= {p["job_type"] for p in report["plugins"]}
     assert report["failures"][0]["module"] == "broken_import.py"
     assert "ImportError" in report["failures"][0]["error"]
-    text = cli("plugins", "list").stdout
+    text = cli("plugins", "list", expect=1).stdout
     assert "FAILED broken_import.py" in text
 
 
@@ -156,7 +159,7 @@ def test_a_plugin_ending_its_worker_at_import_is_reported_not_fatal_to_the_cli(c
     plugins.mkdir()
     (plugins / "exits.py").write_text("import os\nos._exit(7)\n")
     (plugins / "fine.py").write_text((Path(FIXTURE_PLUGINS) / "behaviours.py").read_text())
-    report = json.loads(cli("plugins", "list", "--json", "--plugins", str(plugins)).stdout)
+    report = json.loads(cli("plugins", "list", "--json", "--plugins", str(plugins), expect=1).stdout)
     assert "ok" in {p["job_type"] for p in report["plugins"]}
     assert [f["module"] for f in report["failures"]] == ["exits.py"]
     assert "ended the worker process (exit code 7)" in report["failures"][0]["error"]
@@ -174,10 +177,15 @@ def test_a_job_whose_end_at_has_passed_is_added_expired(cli):
     assert json.loads(cli("jobs", "show", "late", "--json").stdout)["status"] == "Expired"
 
 
-def test_console_script_is_installed():
-    script = Path(sys.executable).parent / "mjsched"
-    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0 and "serve" in proc.stdout
+def test_console_script_is_installed_prints_its_version_and_exits_2_on_bad_input(tmp_path):
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "--help"], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0 and "serve" in proc.stdout and "examples:" in proc.stdout
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "--version"], capture_output=True, text=True, timeout=30, check=False)
+    assert (proc.returncode, proc.stdout) == (0, f"mjsched {__version__}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "cron", "next", "5-1 * * * *"], capture_output=True, text=True,
+                          timeout=30, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: expression: descending range"), proc.stderr
 
 
 def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path, store):
@@ -228,6 +236,195 @@ def test_jobs_add_notify_flags_are_stored_and_shown(cli):
         "--notify-recipients", "ops@x.org, dev@x.org")
     job = json.loads(cli("jobs", "show", "n", "--json").stdout)
     assert job["notify_on_missed"] is True and job["notify_on_failure"] is True
-    assert json.loads(job["notify_recipients"]) == ["ops@x.org", "dev@x.org"]
+    assert job["notify_recipients"] == ["ops@x.org", "dev@x.org"]
     shown = cli("jobs", "show", "n").stdout
     assert "notify_on_missed" in shown and "dev@x.org" in shown
+
+
+# -- the parser ------------------------------------------------------------------------------------------
+def _actions(parser: argparse.ArgumentParser, path: str = "mjsched"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _actions(child, f"{path} {name}")
+        else:
+            yield path, action
+
+
+def test_every_option_has_help_choices_where_closed_and_no_rest_markup(cli):
+    parser = build_parser()
+    for path, action in _actions(parser):
+        assert action.help, f"{path} {action.option_strings or action.dest} has no help"
+        assert "``" not in action.help and ":class:" not in action.help and ":func:" not in action.help, action.help
+    choices = {(path, a.dest): list(a.choices) for path, a in _actions(parser) if a.choices}
+    assert choices[("mjsched jobs add", "job:concurrency_mode")] == ["Skip", "Queue", "Concurrent"]
+    assert choices[("mjsched jobs update", "job:missed_run_policy")] == ["Skip", "RunOnce", "RunAll"]
+    assert "Failed" in choices[("mjsched runs list", "status")]
+    text = cli("--help").stdout + cli("jobs", "add", "--help").stdout
+    assert "examples:" in text and "``" not in text and "@hourly" in text and "L, W, #" in text
+    assert cli("--version").stdout == f"mjsched {__version__}\n"
+
+
+def test_serve_flags_are_generated_from_every_settings_field():
+    parser = build_parser()
+    flags = {a.dest: a for p, a in _actions(parser) if p == "mjsched serve"}
+    for doc in config.field_docs() + config.field_docs(config.Metrics, "metrics."):
+        action = flags[f"set:{doc.key}"]
+        assert doc.description.split(" (")[0] in action.help or action.help == argparse.SUPPRESS, doc.key
+    args = parser.parse_args(["serve", "--worker-ready-timeout-s", "5", "--metrics-port", "0", "--jobs", "j.toml"])
+    assert settings_flags(args) == {"worker_ready_timeout_s": 5.0, "metrics": {"port": 0}, "jobs_file": "j.toml"}
+    assert flags["set:clock_skew_s"].help == argparse.SUPPRESS  # tests only
+
+
+def test_common_options_are_accepted_before_the_subcommand_too(cli, tmp_path):
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    cli("--db", other, "jobs", "add", "j", "--type", "ok", "--cron", "@daily")
+    assert [j["name"] for j in json.loads(cli("--db", other, "jobs", "list", "--json").stdout)] == ["j"]
+    assert "no database at" in cli("jobs", "list", expect=2).stderr  # the configured --db: not created yet
+    assert [j["name"] for j in json.loads(cli("--db", "sqlite:///x.db", "jobs", "list", "--db", other,
+                                              "--json").stdout)] == ["j"]  # after the subcommand wins
+
+
+# -- defects of issue 10 -----------------------------------------------------------------------------------
+def test_names_beyond_the_column_limit_or_with_control_characters_are_refused_on_every_backend(cli, backend_url):
+    for name in ("n" * 201, "a\nforged log line", "nul\x00", "esc\x1b[2J", "c1\x9b"):
+        line = _error_line(cli("jobs", "add", name, "--type", "ok", "--cron", "@daily", "--db", backend_url, expect=2))
+        assert line.startswith("error: name: must "), line
+    line = _error_line(cli("jobs", "add", "j", "--type", "t" * 101, "--cron", "@daily", "--db", backend_url, expect=2))
+    assert line.startswith("error: job_type: must be at most 100 characters"), line
+    cli("jobs", "add", "n" * 200, "--type", "ok", "--cron", "@daily", "--db", backend_url)  # the limit itself fits
+    assert [len(j["name"]) for j in json.loads(cli("jobs", "list", "--json", "--db", backend_url).stdout)] == [200]
+
+
+def test_jobs_sync_is_all_or_nothing(cli, tmp_path, backend_url):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[jobs]]\nname = "first"\njob_type = "ok"\ncron_expression = "@daily"\n\n'
+                    f'[[jobs]]\nname = "{"x" * 201}"\njob_type = "ok"\ncron_expression = "@daily"\n')
+    line = _error_line(cli("jobs", "sync", str(path), "--db", backend_url, expect=2))
+    assert "jobs[1].name: must be at most 200 characters" in line
+    store = Store.open(backend_url)  # and when the database itself refuses a row, the first is undone too
+    try:
+        assert store.list_jobs() == []
+        add_job(store, "taken", "ok", "@daily")
+        now = utcnow()
+        row = {"job_type": "ok", "cron_expression": "@daily", "status": "Active"}
+        with pytest.raises(InputError) as err:
+            store.apply_job_changes([{**row, "name": "new"}, {**row, "name": "taken"}], [], now)
+        assert err.value.field == "name" and "'taken' already exists" in err.value.message
+        with pytest.raises(NotFoundError):
+            store.apply_job_changes([{**row, "name": "new2"}], [("ghost", {"description": "x"})], now)
+        assert [j["name"] for j in store.list_jobs()] == ["taken"]
+    finally:
+        store.close()
+
+
+def test_jobs_sync_prints_its_result_once(cli, tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[jobs]]\nname = "a"\njob_type = "ok"\ncron_expression = "@daily"\n')
+    result = cli("jobs", "sync", str(path))
+    assert result.stdout == f"{path}: 1 job(s) created, 0 updated\n"
+    assert "synced" not in result.stderr and "created" not in result.stderr
+
+
+def test_host_zone_names_are_refused_like_local(cli):
+    for zone in ("localtime", "Local", "LOCALTIME"):
+        line = _error_line(cli("jobs", "add", "j", "--type", "ok", "--cron", "@daily", "--tz", zone, expect=2))
+        assert line.startswith("error: timezone:") and "host's own zone" in line
+    assert _error_line(cli("cron", "next", "@daily", "--tz", "localtime", expect=2)).startswith("error: --tz:")
+
+
+def test_runs_show_and_lists_are_terminal_safe(cli, tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "noisy.py").write_text(
+        "from mjsched_isolated import BaseScheduledJob, ScheduledJobResult\n\n"
+        "class Noisy(BaseScheduledJob):\n    job_type = 'noisy'\n\n    def execute(self, context):\n"
+        "        return ScheduledJobResult(success=False, error_message='\\x1b[31mred\\x1b[0m\\x07',\n"
+        "                                  details={'screen': '\\x1b[2J'})\n")
+    cli("jobs", "add", "loud", "--type", "noisy", "--cron", "@daily", "--plugins", str(plugins))
+    cli("jobs", "run", "loud", "--plugins", str(plugins), expect=1)
+    shown = cli("runs", "show", "1").stdout
+    assert "red" in shown and "\x1b" not in shown and "\x07" not in shown
+    assert "\x1b" not in cli("runs", "list").stdout
+    assert "\x1b" in json.loads(cli("runs", "show", "1", "--json").stdout)["error_message"]  # JSON keeps the data
+
+
+def test_status_hides_manual_runs_and_warns_when_nothing_serves_overdue_jobs(cli, store):
+    cli("jobs", "add", "m", "--type", "ok", "--cron", "0 0 1 1 *")
+    cli("jobs", "run", "m")
+    report = json.loads(cli("status", "--json").stdout)
+    assert report["supervisors"] == [] and report["warnings"] == []
+    add_job(store, "late", "ok", "@hourly", next_run_at=utcnow() - dt.timedelta(minutes=5))
+    report = json.loads(cli("status", "--json").stdout)
+    [warning] = report["warnings"]
+    assert warning.startswith("no supervisor is alive and 1 job(s) are overdue") and "late" in warning
+    assert "WARNING no supervisor is alive" in cli("status").stdout
+    store.register_supervisor("server-1", "host", 1, ttl_s=60)  # a live server: it will catch up
+    assert json.loads(cli("status", "--json").stdout)["warnings"] == []
+
+
+def test_jobs_list_json_gives_configuration_as_an_object(cli):
+    cli("jobs", "add", "c", "--type", "ok", "--cron", "@daily", "--configuration", '{"seconds": 0.5}')
+    [job] = json.loads(cli("jobs", "list", "--json").stdout)
+    assert job["configuration"] == {"seconds": 0.5}
+
+
+def test_jobs_run_of_a_paused_job_says_so_and_keeps_it_paused(cli):
+    cli("jobs", "add", "p", "--type", "ok", "--cron", "@daily", "--status", "Paused")
+    result = cli("jobs", "run", "p", "--json")
+    assert json.loads(result.stdout)["status"] == "Completed"
+    assert "note: job 'p' is Paused: running it once now" in result.stderr
+    job = json.loads(cli("jobs", "show", "p", "--json").stdout)
+    assert (job["status"], job["next_run_at"], job["run_count"]) == ("Paused", None, 1)
+
+
+@pytest.mark.parametrize("command", [["status"], ["jobs", "list"], ["runs", "list"], ["jobs", "show", "x"],
+                                     ["runs", "show", "1"]])
+def test_read_only_commands_do_not_create_a_missing_sqlite_database(cli, tmp_path, command):
+    missing = tmp_path / "nothing-here.db"
+    line = _error_line(cli(*command, "--db", f"sqlite:///{missing}", expect=2))
+    assert line.startswith("error: --db: no database at"), line
+    assert not missing.exists()
+
+
+def test_plugins_list_and_check_report_a_plugins_folder_that_cannot_be_read(cli, tmp_path):
+    missing = str(tmp_path / "no-such-folder")
+    result = cli("plugins", "list", "--plugins", missing, expect=1)
+    assert "FAILED" in result.stdout and "does not exist" in result.stdout
+    result = cli("check", "--plugins", missing, expect=1)
+    assert "PROBLEM plugin module" in result.stdout and "does not exist" in result.stdout
+
+
+def test_jobs_update_keeps_history_and_recomputes_the_schedule(cli):
+    cli("jobs", "add", "u", "--type", "ok", "--cron", "0 0 1 1 *", "--description", "yearly")
+    cli("jobs", "run", "u")
+    before = json.loads(cli("jobs", "show", "u", "--json").stdout)
+    out = cli("jobs", "update", "u", "--cron", "*/5 * * * *", "--tz", "Europe/Berlin", "--no-notify-on-failure",
+              "--configuration", '{"seconds": 0.25}').stdout
+    assert "updated (Active)" in out
+    after = json.loads(cli("jobs", "show", "u", "--json").stdout)
+    assert (after["id"], after["run_count"], after["success_count"]) == (before["id"], 1, 1)
+    assert after["cron_expression"] == "*/5 * * * *" and after["timezone"] == "Europe/Berlin"
+    assert after["notify_on_failure"] is False and after["configuration"] == {"seconds": 0.25}
+    assert after["description"] == "yearly"  # untouched fields stay
+    next_run = dt.datetime.fromisoformat(after["next_run_at"])
+    assert next_run.minute % 5 == 0 and next_run - utcnow() <= dt.timedelta(minutes=5)
+    assert len(json.loads(cli("runs", "list", "--job", "u", "--json").stdout)) == 1
+    for args, field in [(["--cron", "5-1 * * * *"], "cron_expression"), (["--tz", "Nowhere/Land"], "timezone"),
+                        (["--type", "ghost"], "job_type"), (["--configuration", '{"seconds": "x"}'],
+                                                            "configuration.seconds"),
+                        (["--max-runtime-minutes", "0"], "max_runtime_minutes"), ([], "jobs update")]:
+        assert _error_line(cli("jobs", "update", "u", *args, expect=2)).startswith(f"error: {field}")
+    assert json.loads(cli("jobs", "show", "u", "--json").stdout) == after  # nothing written
+    assert _error_line(cli("jobs", "update", "ghost", "--cron", "@daily", expect=2)) == \
+        "error: name: no job named 'ghost'"
+    cli("jobs", "update", "u", "--status", "Paused")
+    assert json.loads(cli("jobs", "show", "u", "--json").stdout)["next_run_at"] is None
+
+
+def test_cron_aliases_are_accepted(cli):
+    out = cli("jobs", "add", "h", "--type", "ok", "--cron", "@hourly").stdout
+    assert "next run" in out and ":00:00Z" in out
+    rows = json.loads(cli("cron", "next", "@weekly", "--after", "2024-01-01T00:00:00Z", "--count", "1",
+                          "--json").stdout)
+    assert rows[0]["utc"] == "2024-01-07T00:00:00Z"  # Sunday midnight

@@ -1,23 +1,20 @@
 """Settings: the TOML file, MJSCHED_* variables and flags, their precedence, errors naming the key, secrets
-kept out of reprs and logs, and the ``check`` command, through real CLI processes where it matters."""
+kept out of reprs and logs, and the ``check`` command, through the CLI (in-process: ``main(argv)``)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-
+from clirun import Cli
 from conftest import FIXTURE_PLUGINS, add_job, isolated_database
+
 from mjsched_isolated.config import load_settings
 from mjsched_isolated.errors import InputError
-from mjsched_isolated.store.schema import jobs
 from mjsched_isolated.store.core import Store
-from procs import Serve
+from mjsched_isolated.store.schema import jobs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,7 +79,8 @@ def test_bad_environment_names_the_variable(env, field):
 
 def test_environment_types_lists_and_sections():
     s = load_settings(environ={"MJSCHED_AUTO_UPGRADE": "true", "MJSCHED_METRICS_PORT": "9108",
-                               "MJSCHED_NOTIFICATIONS_EMAIL_HOST": "smtp.example", "MJSCHED_NOTIFICATIONS_EMAIL_PORT": "587",
+                               "MJSCHED_NOTIFICATIONS_EMAIL_HOST": "smtp.example",
+                               "MJSCHED_NOTIFICATIONS_EMAIL_PORT": "587",
                                "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "sched@example",
                                "MJSCHED_NOTIFICATIONS_EMAIL_RECIPIENTS": "ops@example, dev@example",
                                "MJSCHED_NOTIFICATIONS_WEBHOOK_URL": "https://hooks.example/x",
@@ -107,36 +105,38 @@ def test_secrets_never_in_repr(tmp_path):
 
 
 # -- through the CLI ---------------------------------------------------------------------------------------
-def _cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
-    return subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
-                          timeout=60, env={**clean, **(env or {})}, cwd=tmp_path)
+@pytest.fixture
+def cli(tmp_path, capsys, monkeypatch) -> Cli:
+    """``mjsched`` in-process, in ``tmp_path``, with no ``MJSCHED_*`` variables (the exit code is checked
+    by each test)."""
+    run = Cli(capsys, monkeypatch, tmp_path)
+    return lambda *args, env=None: run(*args, env=env, expect=None)
 
 
-def test_cli_bad_config_is_one_line_exit_2_and_nothing_written(tmp_path):
+def test_cli_bad_config_is_one_line_exit_2_and_nothing_written(cli, tmp_path):
     path = _toml(tmp_path, "[retention]\nkeep_days = 'forever'\n")
     for args in (["serve", "--config", path], ["jobs", "list", "--config", path], ["check", "--config", path]):
-        proc = _cli(tmp_path, *args)
+        proc = cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
         assert proc.stderr.startswith("error: retention.keep_days: "), proc.stderr
     assert not list(tmp_path.glob("*.db*"))  # no database file was created
 
 
-def test_serve_takes_its_settings_from_the_file_and_flags_win(tmp_path):
+def test_serve_takes_its_settings_from_the_file_and_flags_win(cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'a.db'}"
     path = _toml(tmp_path, f"database_url = '{db}'\nplugins_dir = '{FIXTURE_PLUGINS}'\nmax_concurrent_jobs = 2\n"
                            "lease_timeout_s = 45\n")
-    proc = _cli(tmp_path, "serve", "--config", path, "--run-for", "0")
+    proc = cli("serve", "--config", path, "--run-for", "0")
     assert proc.returncode == 0, proc.stderr
     assert "2 workers, lease timeout 45 s" in proc.stderr
-    proc = _cli(tmp_path, "serve", "--run-for", "0", "--max-concurrent-jobs", "3", env={"MJSCHED_CONFIG": path,
+    proc = cli("serve", "--run-for", "0", "--max-concurrent-jobs", "3", env={"MJSCHED_CONFIG": path,
                                                                                       "MJSCHED_LEASE_TIMEOUT_S": "50"})
     assert proc.returncode == 0, proc.stderr
     assert "3 workers, lease timeout 50 s" in proc.stderr
 
 
-def test_serve_log_hides_database_and_channel_secrets(tmp_path):
+def test_serve_log_hides_database_and_channel_secrets(cli, tmp_path):
     with isolated_database("postgresql", tmp_path) as url:
         secret_url = sa.engine.make_url(url).set(password="hunter2pw").render_as_string(hide_password=False)
         if "?" in secret_url:  # and once more as libpq's query parameter, which must be hidden too
@@ -144,7 +144,7 @@ def test_serve_log_hides_database_and_channel_secrets(tmp_path):
         env = {"MJSCHED_NOTIFICATIONS_EMAIL_HOST": "127.0.0.1", "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "s@x",
                "MJSCHED_NOTIFICATIONS_EMAIL_PASSWORD": "smtpsecret42", "MJSCHED_NOTIFICATIONS_WEBHOOK_URL": "http://127.0.0.1:9/x",
                "MJSCHED_NOTIFICATIONS_WEBHOOK_SECRET": "hooksecret42"}
-        proc = _cli(tmp_path, "serve", "--db", secret_url, "--plugins", FIXTURE_PLUGINS, "--run-for", "0",
+        proc = cli("serve", "--db", secret_url, "--plugins", FIXTURE_PLUGINS, "--run-for", "0",
                     "--log-level", "DEBUG", env=env)
         assert proc.returncode == 0, proc.stderr
         assert "supervisor" in proc.stderr and "***" in proc.stderr
@@ -152,9 +152,9 @@ def test_serve_log_hides_database_and_channel_secrets(tmp_path):
             assert secret not in proc.stderr + proc.stdout
 
 
-def test_check_is_zero_when_all_is_well_and_lists_each_problem(tmp_path):
+def test_check_is_zero_when_all_is_well_and_lists_each_problem(cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'c.db'}"
-    ok = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS)
+    ok = cli("check", "--db", db, "--plugins", PLUGINS)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "all is well" in ok.stdout and "shell" in ok.stdout
 
@@ -168,7 +168,7 @@ def test_check_is_zero_when_all_is_well_and_lists_each_problem(tmp_path):
             conn.execute(jobs.update().where(jobs.c.name == "bad-cron").values(cron_expression="61 * * * *"))
     finally:
         store.close()
-    bad = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, "--json")
+    bad = cli("check", "--db", db, "--plugins", PLUGINS, "--json")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     report = json.loads(bad.stdout)
     assert not report["ok"]
@@ -178,27 +178,26 @@ def test_check_is_zero_when_all_is_well_and_lists_each_problem(tmp_path):
     assert "job bad-cron: cron_expression" in problems
     assert "good" not in problems and len(report["problems"]) == 3, problems
 
-    broken = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'd.db'}", "--plugins", FIXTURE_PLUGINS)
+    broken = cli("check", "--db", f"sqlite:///{tmp_path / 'd.db'}", "--plugins", FIXTURE_PLUGINS)
     assert broken.returncode == 1 and "broken_import.py: failed to import" in broken.stdout, broken.stdout
 
 
-def test_check_validates_the_configured_jobs_file(tmp_path):
+def test_check_validates_the_configured_jobs_file(cli, tmp_path):
     jobs_file = tmp_path / "jobs.toml"
     jobs_file.write_text("[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n"
                          "[jobs.configuration]\ncommand = ['true']\n")
-    proc = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS,
+    proc = cli("check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS,
                 env={"MJSCHED_JOBS_FILE": str(jobs_file)})
-    assert proc.returncode == 1 and "PROBLEM jobs file:" in proc.stdout and "cron_expression" in proc.stdout, proc.stdout
-    flag = _cli(tmp_path, "check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS, "--jobs", str(jobs_file))
+    assert proc.returncode == 1, proc.stdout
+    assert "PROBLEM jobs file:" in proc.stdout and "cron_expression" in proc.stdout, proc.stdout
+    flag = cli("check", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--plugins", PLUGINS, "--jobs", str(jobs_file))
     assert flag.returncode == 1 and "PROBLEM jobs file:" in flag.stdout, flag.stdout
 
 
-def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
+def test_check_reports_an_outdated_schema_as_a_problem(cli, tmp_path):
     from alembic import command
 
-    from mjsched_isolated.store import migrate
-
-    from mjsched_isolated.store import schema
+    from mjsched_isolated.store import migrate, schema
 
     db = f"sqlite:///{tmp_path / 'old.db'}"
     engine = schema.connect(db)
@@ -207,7 +206,7 @@ def test_check_reports_an_outdated_schema_as_a_problem(tmp_path):
             command.upgrade(migrate.config(conn), "0001")
     finally:
         engine.dispose()
-    proc = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS)
+    proc = cli("check", "--db", db, "--plugins", PLUGINS)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "PROBLEM database schema is at revision 0001" in proc.stdout and "db upgrade" in proc.stdout
 
@@ -228,7 +227,7 @@ def test_bad_channel_settings_name_the_key(tmp_path, text, field):
     assert err.value.field == field, str(err.value)
 
 
-def test_check_warns_when_email_notices_would_have_no_recipients(tmp_path):
+def test_check_warns_when_email_notices_would_have_no_recipients(cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'c.db'}"
     store = Store.open(db)
     try:
@@ -238,16 +237,18 @@ def test_check_warns_when_email_notices_would_have_no_recipients(tmp_path):
     finally:
         store.close()
     env = {"MJSCHED_NOTIFICATIONS_EMAIL_HOST": "127.0.0.1", "MJSCHED_NOTIFICATIONS_EMAIL_SENDER": "s@example.org"}
-    proc = _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, env=env)
+    proc = cli("check", "--db", db, "--plugins", PLUGINS, env=env)
     assert proc.returncode == 1, proc.stdout
     assert "PROBLEM job loud: notify_recipients: none" in proc.stdout and "job addressed" not in proc.stdout
     env["MJSCHED_NOTIFICATIONS_EMAIL_RECIPIENTS"] = "ops@example.org"
-    assert _cli(tmp_path, "check", "--db", db, "--plugins", PLUGINS, env=env).returncode == 0
+    assert cli("check", "--db", db, "--plugins", PLUGINS, env=env).returncode == 0
 
 
-def test_unparseable_database_url_is_bad_input_and_keeps_its_password_hidden(tmp_path):
-    proc = _cli(tmp_path, "jobs", "list", "--db", "postgresql+psycopg://u:pw4leak@127.0.0.1:notaport/x")
+def test_unparseable_database_url_is_bad_input_and_keeps_its_password_hidden(cli, tmp_path):
+    proc = cli("jobs", "list", "--db", "postgresql+psycopg://u:pw4leak@127.0.0.1:notaport/x")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --db: not a usable database URL"), proc.stderr
     assert "pw4leak" not in proc.stderr
-    proc = _cli(tmp_path, "jobs", "list", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    proc = cli("jobs", "pause", "x", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db")  # a command that writes
     assert proc.returncode == 2 and "cannot connect" in proc.stderr, proc.stderr
+    proc = cli("jobs", "list", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db")  # a read-only one
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --db: no database at"), proc.stderr

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mjsched_isolated import cron
 from mjsched_isolated.errors import CronError, InputError
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def utc(*args) -> dt.datetime:
@@ -103,7 +103,7 @@ def test_validate_accepts_valid_expression(expr):
     cron.validate(expr, "Europe/Berlin")
 
 
-@pytest.mark.parametrize("zone", ["Mars/Olympus", "", "UTC+99", "../etc/passwd"])
+@pytest.mark.parametrize("zone", ["Mars/Olympus", "", "UTC+99", "../etc/passwd", "localtime", "Local", "LocalTime"])
 def test_invalid_zone_raises_cron_error_naming_timezone(zone):
     with pytest.raises(CronError) as info:
         cron.next_run_time("* * * * *", zone, utc(2024, 1, 1))
@@ -185,7 +185,7 @@ TRANSITIONS = [  # (zone, a DST transition instant)
 @settings(max_examples=100, deadline=None)
 @given(
     where=st.sampled_from(TRANSITIONS),
-    expr=st.sampled_from(EXPRESSIONS + ["0 2 * * *", "30 1 * * *"]),
+    expr=st.sampled_from([*EXPRESSIONS, "0 2 * * *", "30 1 * * *"]),
     offset_s=st.integers(min_value=-3 * 3600, max_value=3 * 3600),
 )
 def test_next_run_time_strictly_increases_across_dst_transitions(where, expr, offset_s):
@@ -207,3 +207,47 @@ def test_fixed_utc_gaps_across_dst_transitions(zone, instant, expr, gap_s):
         nxt = cron.next_run_time(expr, zone, t)
         assert (nxt - t).total_seconds() == gap_s, (t, nxt)
         t = nxt
+
+
+# -- the supported forms (cron.SUPPORTED_FORMS) ---------------------------------------------------------
+@pytest.mark.parametrize("alias, same_as", [
+    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"), ("@weekly", "0 0 * * 0"),
+    ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@DAILY", "0 0 * * *")])
+def test_aliases_run_like_their_expansion(alias, same_as):
+    cron.validate(alias, "Europe/Berlin")
+    start = utc(2024, 3, 30, 12, 0)
+    assert cron.next_run_time(alias, "Europe/Berlin", start) == cron.next_run_time(same_as, "Europe/Berlin", start)
+
+
+@pytest.mark.parametrize("expr", ["@reboot", "@every_minute", "@"])
+def test_unknown_aliases_are_refused(expr):
+    with pytest.raises(CronError) as info:
+        cron.validate(expr, "UTC")
+    assert info.value.field == "cron_expression"
+
+
+@pytest.mark.parametrize("expr", ["0 5-1 * * *", "50-10 * * * *", "0 0 * DEC-JAN *", "0 0 * * FRI-MON",
+                                  "0 0 0 20-3 * *", "0 1,22-2 * * *", "0 22-2/2 * * *"])
+def test_descending_ranges_are_refused_rather_than_wrapped(expr):
+    with pytest.raises(CronError) as info:
+        cron.validate(expr, "UTC")
+    assert info.value.field == "cron_expression" and "descending range" in info.value.message
+    with pytest.raises(CronError):
+        cron.next_run_time(expr, "UTC", utc(2024, 1, 1))
+
+
+@pytest.mark.parametrize("expr, after, expected", [
+    ("0 0 L * *", utc(2024, 2, 1), utc(2024, 2, 29)),  # last day of the month
+    ("0 0 15W * *", utc(2024, 6, 1), utc(2024, 6, 14)),  # the 15th is a Saturday: the Friday before
+    ("0 0 * * FRI#2", utc(2024, 1, 1), utc(2024, 1, 12)),  # second Friday
+    ("0 9 * * MON-FRI", utc(2024, 1, 6), utc(2024, 1, 8, 9)),  # an ascending name range
+])
+def test_l_w_hash_and_name_ranges_are_supported(expr, after, expected):
+    cron.validate(expr, "UTC")
+    assert cron.next_run_time(expr, "UTC", after) == expected
+
+
+def test_the_supported_forms_are_stated():
+    for form in ("5 fields", "6 with seconds first", "1,15", "1-5", "*/15", "MON-FRI", "L, W, #", "@hourly",
+                 "@annually", "@midnight"):
+        assert form in cron.SUPPORTED_FORMS

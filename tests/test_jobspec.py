@@ -14,7 +14,7 @@ from mjsched_isolated import jobspec, planner
 from mjsched_isolated.errors import CronError, InputError
 from mjsched_isolated.jobspec import JobSpec
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def utc(*args) -> dt.datetime:
@@ -22,7 +22,7 @@ def utc(*args) -> dt.datetime:
 
 
 def spec(**kw) -> JobSpec:
-    values = dict(name="job", job_type="ok", cron_expression="*/5 * * * *")
+    values = {"name": "job", "job_type": "ok", "cron_expression": "*/5 * * * *"}
     values.update(kw)
     return JobSpec(**values)
 
@@ -389,3 +389,35 @@ def test_notify_keys_in_a_jobs_file_reach_the_row(tmp_path: Path):
     assert values["notify_on_missed"] is True and values["notify_on_failure"] is True
     assert json.loads(values["notify_recipients"]) == ["ops@example.org", "dev@example.org"]
     assert jobspec.row_values(spec())["notify_recipients"] is None and spec().notify_on_missed is False
+
+
+# -- column limits and control characters ----------------------------------------------------------------
+def test_text_limits_are_the_jobs_table_column_lengths():
+    from mjsched_isolated.store.schema import jobs
+
+    assert {field: jobs.c[field].type.length for field in jobspec.TEXT_LIMITS} == jobspec.TEXT_LIMITS
+
+
+@pytest.mark.parametrize("field, limit", sorted(jobspec.TEXT_LIMITS.items()))
+def test_text_fields_over_their_column_limit_are_refused(field, limit):
+    value = {"name": "n", "job_type": "t", "cron_expression": "* * * * " + "*" * (limit - 8),
+             "timezone": "x" * limit}[field]
+    if field in ("name", "job_type"):
+        value = value * limit
+    with pytest.raises(InputError) as info:
+        jobspec.check(spec(**{field: value + "x"}))
+    assert field_of(info) == field and f"at most {limit} characters" in info.value.message
+
+
+@pytest.mark.parametrize("name", ["a\nb", "nul\x00", "tab\tname", "esc\x1b[31m", "del\x7f", "csi\x9b"])
+def test_names_with_control_characters_are_refused(name):
+    with pytest.raises(InputError) as info:
+        jobspec.check(spec(name=name))
+    assert field_of(info) == "name" and "control characters" in info.value.message
+
+
+def test_a_description_keeps_tabs_and_lines_but_not_escapes():
+    jobspec.check(spec(description="line one\n\tline two"))
+    with pytest.raises(InputError) as info:
+        jobspec.check(spec(description="red \x1b[31m or NUL \x00"))
+    assert field_of(info) == "description"

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from clirun import Cli
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
 from procs import Serve
 
@@ -130,9 +131,11 @@ def without_0002(reflected: dict) -> dict:
     return out
 
 
-def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mjsched_isolated", *args], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+@pytest.fixture
+def cli(tmp_path, capsys, monkeypatch):
+    """``mjsched`` in-process (each test checks the exit code)."""
+    run = Cli(capsys, monkeypatch, tmp_path)
+    return lambda *args: run(*args, expect=None)
 
 
 def sqlite_dump(path: Path) -> list[str]:
@@ -262,7 +265,7 @@ def test_unknown_revision_is_refused(db_url):
 
 # -- CLI -------------------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_serve_and_other_commands_refuse_an_outdated_database(db_url, tmp_path):
+def test_serve_and_other_commands_refuse_an_outdated_database(cli, db_url, tmp_path):
     engine = make_at(db_url, "0001")
     fill(engine)
     engine.dispose()
@@ -293,7 +296,7 @@ def test_serve_auto_upgrade_upgrades_then_runs_a_job(db_url):
 
 
 @pytest.mark.timeout(60)
-def test_db_current_and_upgrade(db_url):
+def test_db_current_and_upgrade(cli, db_url):
     make_at(db_url, "0001", stamped=False).dispose()
     proc = cli("db", "current", "--db", db_url)
     assert (proc.returncode, proc.stdout) == (1, OUTDATED + "\n")

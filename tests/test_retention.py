@@ -6,12 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import sqlalchemy as sa
+from clirun import Cli
 from conftest import FIXTURE_PLUGINS, add_job
 
 from mjsched_isolated.config import Retention, Settings
@@ -125,18 +123,15 @@ def test_supervisor_prunes_one_batch_per_step_then_waits_for_the_interval(store,
 
 
 @pytest.mark.timeout(60)
-def test_cli_runs_prune_dry_run_flags_and_settings_defaults(store, db_url, tmp_path):
+def test_cli_runs_prune_dry_run_flags_and_settings_defaults(store, db_url, tmp_path, capsys, monkeypatch):
     job = add_job(store, "j", "ok")
     now = store.db_now()
     _runs(store, job["id"], [1, 40, 41, 42], now=now)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
-    env.update(MJSCHED_DATABASE_URL=db_url, MJSCHED_PLUGINS_DIR=FIXTURE_PLUGINS, MJSCHED_RETENTION_KEEP_MIN_PER_JOB="2")
+    run = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": FIXTURE_PLUGINS,
+                                              "MJSCHED_RETENTION_KEEP_MIN_PER_JOB": "2"})
 
-    def cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "mjsched_isolated", "runs", "prune", *args], capture_output=True,
-                              text=True, timeout=30, env=env, cwd=tmp_path, check=False)
-        assert proc.returncode == expect, (proc.stdout, proc.stderr)
-        return proc
+    def cli(*args: str, expect: int = 0):
+        return run("runs", "prune", *args, expect=expect)
 
     assert json.loads(cli("--dry-run", "--json").stdout) == {"pruned": 2, "dry_run": True, "keep_days": 30.0,
                                                              "keep_min_per_job": 2, "notifications_pruned": 0}

@@ -7,13 +7,13 @@ import json
 import os
 
 import pytest
-
 from conftest import Driver, add_job, isolated_database
+
 from mjsched_isolated.cli.app import main
 from mjsched_isolated.store.core import Store
 
 YEARLY = "0 0 1 1 *"
-LATER = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
+LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
 
 
 def _status(capsys, url: str, *flags: str):
@@ -25,9 +25,10 @@ def _status(capsys, url: str, *flags: str):
 
 @pytest.mark.timeout(60)
 def test_status_on_an_empty_database(db_url, capsys):
+    Store.open(db_url).close()  # a read-only command does not create the database (test_cli.py)
     report = _status(capsys, db_url, "--json")
     assert {k: v for k, v in report.items() if k != "db_time"} == {
-        "supervisors": [], "in_flight": [], "next_due": [], "recent_failures": []}
+        "supervisors": [], "in_flight": [], "next_due": [], "recent_failures": [], "warnings": []}
     assert _status(capsys, db_url).count("(none)") == 4
 
 

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command and return its exit code."""
-    from mjsched_isolated.cli.app import main as run  # noqa: PLC0415 - heavy imports only when a command runs
+    import sys  # noqa: PLC0415 - loaded only where needed
+
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered without the heavy imports
+        from mjsched_isolated._version import __version__  # noqa: PLC0415 - loaded only where needed
+
+        print(f"mjsched {__version__}")
+        return 0
+    from mjsched_isolated.cli.app import main as run  # noqa: PLC0415 - loaded only where needed
 
     return run(argv)

@@ -93,6 +93,10 @@ class Store:
         """Update non-lease columns of job ``name`` (:meth:`Jobs.update_job`)."""
         self.jobs.update_job(name, values, now)
 
+    def apply_job_changes(self, creates: list[Values], updates: list[tuple[str, Values]], now: dt.datetime) -> None:
+        """Create and update jobs in one transaction, all or none (:meth:`Jobs.apply_job_changes`)."""
+        self.jobs.apply_job_changes(creates, updates, now)
+
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs (:meth:`Jobs.remove_job`)."""
         self.jobs.remove_job(name)

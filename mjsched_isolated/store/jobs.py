@@ -67,6 +67,32 @@ class Jobs:
             if conn.execute(stmt).rowcount != 1:
                 raise NotFoundError("name", f"no job named {name!r}")
 
+    def apply_job_changes(self, creates: list[Values], updates: list[tuple[str, Values]], now: dt.datetime) -> None:
+        """Insert every row of ``creates`` and apply every ``(name, column values)`` of ``updates``, in ONE
+        transaction: all of them or none (``jobs sync`` is all-or-nothing). Raises :class:`InputError`
+        naming ``name`` when a created name is taken (e.g. by another supervisor's sync meanwhile: the
+        caller re-reads and retries), :class:`NotFoundError` when an updated job is gone; nothing is
+        written then."""
+        try:
+            with self.engine.begin() as conn:
+                for values in creates:
+                    conn.execute(jobs.insert().values(**_with_json_configuration(values), created_at=now,
+                                                      updated_at=now))
+                for name, values in updates:
+                    stmt = jobs.update().where(jobs.c.name == name).values(**_with_json_configuration(values),
+                                                                           updated_at=now)
+                    if conn.execute(stmt).rowcount != 1:
+                        raise NotFoundError("name", f"no job named {name!r}")
+        except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
+            if not is_constraint_violation(exc):
+                raise
+            names = [values.get("name") for values in creates]
+            with self.engine.connect() as conn:
+                taken = conn.execute(sa.select(jobs.c.name).where(jobs.c.name.in_(names))).scalars().first()
+            if taken:
+                raise InputError("name", f"a job named {taken!r} already exists") from None
+            raise InputError("job", f"rejected by the database: {exc.orig}") from None
+
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite

@@ -1,0 +1,167 @@
+"""``mjsched jobs ...``: add, update, list, show, pause, resume, remove, run, sync."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import Any
+
+from mjsched_isolated import ops
+from mjsched_isolated.cli import render
+from mjsched_isolated.cli.commands import iso_arg, job_fields, open_store, utcnow
+from mjsched_isolated.cli.exits import Exit
+from mjsched_isolated.errors import InputError
+
+LIST_COLUMNS = ["name", "job_type", "status", "cron_expression", "timezone", "next_run_at", "last_run_at",
+                "run_count", "success_count", "failure_count"]
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The job options as store field values; malformed option text is an error naming the flag."""
+    fields = job_fields(args)
+    if "configuration" in fields:
+        try:
+            configuration = json.loads(fields["configuration"]) if fields["configuration"] else None
+        except json.JSONDecodeError as exc:
+            raise InputError("--configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
+        if configuration is not None and not isinstance(configuration, dict):
+            raise InputError("--configuration", "must be a JSON object")
+        fields["configuration"] = configuration
+    for key in ("start_at", "end_at"):
+        if key in fields:
+            fields[key] = iso_arg("--" + key.replace("_", "-"), fields[key]) if fields[key] else None
+    if "notify_recipients" in fields:
+        fields["notify_recipients"] = [a.strip() for a in fields["notify_recipients"].split(",") if a.strip()] or None
+    return fields
+
+
+def _next(job: dict) -> str:
+    return render.fmt(job["next_run_at"])
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    now = utcnow()
+    values = ops.prepare_job(args.settings, {"name": args.name, **_fields(args)}, now)  # before any database
+    store = open_store(args)
+    try:
+        job = ops.insert_job(store, values, now)
+    finally:
+        store.close()
+    print(f"job {render.safe(job['name'])!r} added ({job['status']}); next run {_next(job)}")
+    return Exit.OK
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    changes = _fields(args)
+    if not changes:
+        raise InputError("jobs update", "nothing to change: give at least one field option (see --help)")
+    store = open_store(args)
+    try:
+        job = ops.update_job(store, args.settings, args.name, changes, utcnow())
+    finally:
+        store.close()
+    print(f"job {render.safe(job['name'])!r} updated ({job['status']}); next run {_next(job)}")
+    return Exit.OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        rows = ops.list_jobs(store)
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(rows)
+    else:
+        render.table(rows, LIST_COLUMNS)
+    return Exit.OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        row = ops.get_job(store, args.name)
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(row)
+    else:
+        render.listing(row)
+    return Exit.OK
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        ops.pause_job(store, args.name, utcnow())
+    finally:
+        store.close()
+    print(f"job {render.safe(args.name)!r} paused (a run in progress is not interrupted)")
+    return Exit.OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        job = ops.resume_job(store, args.name, utcnow())
+    finally:
+        store.close()
+    if job["status"] == "Expired":
+        print(f"job {render.safe(args.name)!r} expired: its end_at {render.fmt(job['end_at'])} has passed")
+    else:
+        print(f"job {render.safe(args.name)!r} active; next run {_next(job)}")
+    return Exit.OK
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        ops.remove_job(store, args.name)
+    finally:
+        store.close()
+    print(f"job {render.safe(args.name)!r} removed")
+    return Exit.OK
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        outcome = ops.run_job(store, args.settings, args.name, on_paused=lambda job: render.note(
+            f"job {job['name']!r} is Paused: running it once now, as asked; its schedule stays paused"))
+        if outcome.queued:
+            print(f"job {render.safe(args.name)!r} is running; queued: its next run starts as soon as the live "
+                  "one ends")
+            return Exit.OK
+        assert outcome.run_id is not None
+        run = ops.get_run(store, outcome.run_id)
+    except KeyboardInterrupt:
+        render.error(f"interrupted; the run of {args.name!r} was cancelled")
+        return Exit.INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.close()
+    if args.json:
+        render.print_json(run)
+    else:
+        print(f"run {run['id']}: {run['status']} in {run['duration_ms'] or 0:.0f} ms"
+              + (f": {render.cell(run['error_message'])}" if run["error_message"] else ""))
+    sys.stdout.flush()
+    return Exit.OK if run["status"] == "Completed" else Exit.FAILED
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    specs = ops.load_jobs_file(args.settings, args.file)  # before any database
+    store = open_store(args)
+    try:
+        created, updated = ops.apply_jobs(store, specs, utcnow())
+    finally:
+        store.close()
+    print(f"{args.file}: {created} job(s) created, {updated} updated")
+    return Exit.OK

@@ -1,0 +1,70 @@
+"""``mjsched runs ...``: list, show, prune."""
+
+from __future__ import annotations
+
+import argparse
+
+from mjsched_isolated import ops
+from mjsched_isolated.cli import render
+from mjsched_isolated.cli.commands import open_store
+from mjsched_isolated.cli.exits import Exit
+from mjsched_isolated.errors import InputError, NotFoundError
+
+LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "started_at", "duration_ms", "error_message"]
+PRUNE_FLAGS = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise InputError("--limit", "must be a positive integer")
+    store = open_store(args)
+    try:
+        rows = ops.list_runs(store, job=args.job, status=args.status, limit=args.limit)
+    except NotFoundError as exc:
+        raise exc.renamed("--job") from None
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(rows)
+    else:
+        render.table(rows, LIST_COLUMNS)
+    return Exit.OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    store = open_store(args)
+    try:
+        row = ops.get_run(store, args.id)
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(row)
+    else:
+        render.listing(row, width=22)  # terminal-safe: a plugin's escape codes do not reach the terminal
+    return Exit.OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Defaults come from the settings (file, environment); the flags override them for this call."""
+    try:
+        retention = ops.retention_with(args.settings.retention, keep_days=args.keep_days,
+                                       keep_min_per_job=args.keep_min_per_job)
+    except InputError as exc:
+        given = args.keep_days is not None or args.keep_min_per_job is not None
+        raise (exc.renamed(PRUNE_FLAGS.get(exc.field, exc.field)) if given else exc) from None
+    store = open_store(args)
+    try:
+        result = ops.prune(store, retention, dry_run=args.dry_run)
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(result)
+    elif retention.keep_days <= 0:
+        print("keep_days is 0: every run is kept; nothing pruned")
+    else:
+        print(f"{'would prune' if args.dry_run else 'pruned'} {result.pruned} finished run(s) older than "
+              f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job) and "
+              f"{result.notifications_pruned} delivered or given-up notification(s)")
+    return Exit.OK

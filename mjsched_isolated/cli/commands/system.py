@@ -1,0 +1,150 @@
+"""``mjsched serve``, ``status``, ``check``, ``plugins list``, ``cron next`` and ``db current|upgrade``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from mjsched_isolated import config, cron, ops
+from mjsched_isolated.cli import render
+from mjsched_isolated.cli.commands import iso_arg, open_store, utcnow
+from mjsched_isolated.cli.exits import Exit
+from mjsched_isolated.errors import InputError
+from mjsched_isolated.status import (
+    FAILURE_COLUMNS,
+    IN_FLIGHT_COLUMNS,
+    NEXT_DUE_COLUMNS,
+    SUPERVISOR_COLUMNS,
+)
+
+MAX_RUN_FOR_S = 10 * 365 * 86400
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from mjsched_isolated.supervisor import metrics as metrics_mod  # noqa: PLC0415 - loaded only where needed
+    from mjsched_isolated.supervisor.core import Supervisor  # noqa: PLC0415 - loaded only where needed
+    from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
+
+    settings: config.Settings = args.settings
+    if args.run_for is not None and not 0 <= args.run_for <= MAX_RUN_FOR_S:
+        raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
+    jobs_file = config.default_jobs_file(settings)
+    metrics = metrics_mod.for_settings(settings)
+    metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
+    try:
+        store = ops.open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
+    except BaseException:
+        metrics.stop_server()
+        raise
+    try:
+        if jobs_file:
+            created, updated = ops.sync_jobs(store, settings, jobs_file, utcnow())
+            logging.getLogger("mjsched.cli").info("jobs file %s synced: %d created, %d updated",
+                                                  jobs_file, created, updated)
+        pool = Pool.from_settings(settings)
+        return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
+    finally:
+        metrics.stop_server()  # also when the jobs file or the pool failed before serve() began
+        store.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        report = ops.status(store)
+    finally:
+        store.close()
+    if args.json:
+        render.print_json(report)
+        return Exit.OK
+    print(f"database time {render.fmt(report['db_time'])}")
+    for warning in report["warnings"]:
+        print(f"WARNING {render.safe(warning)}")
+    for title, key, columns in (("Supervisors", "supervisors", SUPERVISOR_COLUMNS),
+                                ("In-flight runs", "in_flight", IN_FLIGHT_COLUMNS),
+                                ("Next due jobs", "next_due", NEXT_DUE_COLUMNS),
+                                ("Recent failures", "recent_failures", FAILURE_COLUMNS)):
+        print(f"\n{title}:")
+        if report[key]:
+            render.table(report[key], columns)
+        else:
+            print("(none)")
+    return Exit.OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    report = ops.check(args.settings)
+    if args.json:
+        render.print_json(report)
+    else:
+        for line in report.notes:
+            print(render.safe(line))
+        for line in report.problems:
+            print(f"PROBLEM {render.cell(line)}")
+        print("all is well" if report.ok else f"{len(report.problems)} problem(s)")
+    return Exit.OK if report.ok else Exit.FAILED
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from mjsched_isolated.supervisor.inspection import inspect_plugins  # noqa: PLC0415 - loaded only where needed
+
+    report = inspect_plugins(args.settings)
+    if args.json:
+        render.print_json({"plugins": report.plugins, "failures": report.failures})
+    else:
+        for info in report.plugins:
+            print(render.cell(f"{info.job_type:20} {info.module:24} {info.description}"))
+        for failure in report.failures:
+            print(f"FAILED {render.cell(failure.module)}: {render.cell(ops.last_line(failure.error))}")
+    return Exit.FAILED if report.failures else Exit.OK
+
+
+def cmd_cron_next(args: argparse.Namespace) -> int:
+    from mjsched_isolated.cronshow import MAX_COUNT, describe_next  # noqa: PLC0415 - loaded only where needed
+
+    if not 1 <= args.count <= MAX_COUNT:
+        raise InputError("--count", f"must be between 1 and {MAX_COUNT}, got {args.count}")
+    try:
+        zone = cron.zone(args.tz)
+        after = iso_arg("--after", args.after) or utcnow()
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=zone)
+        rows = describe_next(args.expression, args.tz, after, args.count)
+    except InputError as exc:
+        raise exc.renamed({"timezone": "--tz", "cron_expression": "expression"}.get(exc.field, exc.field)) from None
+    if args.json:
+        render.print_json(rows)
+        return Exit.OK
+    for row in rows:
+        local = row["local"].strftime("%Y-%m-%d %H:%M:%S %Z (%z)")
+        print(f"{local:36} {row['utc'].strftime('%Y-%m-%dT%H:%M:%SZ')}  {row['note'] or ''}".rstrip())
+    return Exit.OK
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    from mjsched_isolated.store import migrate, schema  # noqa: PLC0415 - loaded only where needed
+
+    engine = schema.connect(args.settings.database_url)
+    try:
+        state = migrate.check(engine)
+    finally:
+        engine.dispose()
+    print(state.message())
+    return Exit.OK if state.up_to_date else Exit.FAILED
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from mjsched_isolated.store import migrate, schema  # noqa: PLC0415 - loaded only where needed
+
+    engine = schema.connect(args.settings.database_url)
+    try:
+        before, after = migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    if before.state == "legacy" and before.current == after.current:
+        print(f"database schema stamped at {after.current} (head): its tables already matched")
+    elif before.current == after.current:
+        print(f"database schema already at {after.current} (head): nothing to do")
+    else:
+        print(f"database schema upgraded: {before.current or 'none'} -> {after.current}")
+    return Exit.OK

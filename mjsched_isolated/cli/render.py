@@ -1,0 +1,74 @@
+"""Output: tables, ``key value`` listings and JSON, with terminal-safe cells.
+
+Anything a plugin or a user wrote (error messages, details, names) passes through :func:`cell` before it
+reaches a terminal: control characters become ``?`` so ANSI escape codes cannot repaint it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # terminal escapes and the like (not tab or newline)
+
+
+def print_json(value: Any) -> None:
+    """``value`` as one JSON document on stdout (datetimes ISO-8601 UTC with ``Z``, Structs as objects)."""
+    sys.stdout.write(msgspec.json.encode(value, enc_hook=str).decode() + "\n")
+
+
+def fmt(value: Any) -> str:
+    """A value as text: datetimes ``YYYY-MM-DDTHH:MM:SSZ``, floats with one decimal, None as ``-``,
+    dicts and lists as compact JSON."""
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return "-" if value is None else str(value)
+
+
+def safe(text: str) -> str:
+    """``text`` with control characters (ANSI escapes, NUL, carriage returns) replaced by ``?``; tabs
+    and newlines are kept."""
+    return _CONTROL.sub("?", text)
+
+
+def cell(value: Any) -> str:
+    """A table cell: one line (a multi-line error shows its lines joined by " | "), tabs as spaces, and no
+    control characters (a plugin's ANSI colour codes must not repaint the terminal)."""
+    text = safe(fmt(value).replace("\t", " "))
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip()) if "\n" in text else text
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    """Print ``rows`` as aligned columns under a header line."""
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def listing(row: Mapping[str, Any], width: int = 30) -> None:
+    """Print one record as ``key value`` lines; every value terminal-safe (multi-line text indented)."""
+    for key, value in row.items():
+        text = safe(fmt(value))
+        print(f"{key:{width}} " + text.replace("\n", "\n" + " " * (width + 1)))
+
+
+def error(message: str) -> None:
+    """One ``error: ...`` line on stderr."""
+    print(f"error: {safe(message)}", file=sys.stderr)
+
+
+def note(message: str) -> None:
+    """One ``note: ...`` line on stderr (stdout stays for results and JSON)."""
+    print(f"note: {safe(message)}", file=sys.stderr)

@@ -1,0 +1,193 @@
+"""The Python API for applications: manage jobs and read runs in a scheduler database without a shell.
+
+Peers: APScheduler's ``add_job`` and db-scheduler's ``SchedulerClient``. A :class:`Client` writes the
+same rows as the CLI, through the same validated operations (:mod:`mjsched_isolated.ops`), so it raises
+the same one-line errors: :class:`~mjsched_isolated.errors.InputError` with ``.field`` (the store's
+field name, such as ``cron_expression``) and ``.message``; :class:`~mjsched_isolated.errors.NotFoundError`
+for an unknown job or run. A running ``mjsched serve`` picks the changes up within its
+``rescan_interval_s``. Results are typed: :class:`Job` and :class:`Run` (msgspec Structs) with
+``StrEnum`` statuses and ``configuration`` as a dict.
+
+Example::
+
+    from mjsched_isolated import Client
+
+    with Client("sqlite:///mjsched.db") as client:
+        client.add_job("backup", job_type="shell", cron_expression="@daily", timezone="Europe/Berlin",
+                       configuration={"command": ["/usr/local/bin/backup"]})
+        run_id = client.run_job("backup")
+        print(client.get_run(run_id).status)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Self
+
+import msgspec
+
+from mjsched_isolated import ops
+from mjsched_isolated.config import Settings
+from mjsched_isolated.enums import (
+    ConcurrencyMode,
+    JobStatus,
+    MissedRunPolicy,
+    RunStatus,
+)
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as stored (the ``jobs`` table): definition, schedule state, statistics and lease. Times are
+    aware UTC; durations in milliseconds (``*_ms``) or seconds (``*_s``)."""
+
+    id: int
+    name: str
+    job_type: str
+    cron_expression: str
+    timezone: str
+    status: JobStatus
+    description: str | None = None
+    configuration: dict[str, Any] | None = None
+    start_at: dt.datetime | None = None
+    end_at: dt.datetime | None = None
+    next_run_at: dt.datetime | None = None
+    last_run_at: dt.datetime | None = None
+    run_count: int = 0
+    success_count: int = 0
+    failure_count: int = 0
+    skipped_count: int = 0
+    last_duration_ms: float | None = None
+    avg_duration_ms: float | None = None
+    concurrency_mode: ConcurrencyMode = ConcurrencyMode.SKIP
+    missed_run_policy: MissedRunPolicy = MissedRunPolicy.RUN_ONCE
+    max_jitter_s: float | None = None
+    run_immediately_if_never_run: bool = False
+    max_runtime_minutes: int | None = None
+    notify_on_success: bool = False
+    notify_on_failure: bool = True
+    notify_on_missed: bool = False
+    notify_recipients: list[str] | None = None
+    locked_at: dt.datetime | None = None
+    locked_by_instance: str | None = None
+    expected_completion_at: dt.datetime | None = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+
+
+class Run(msgspec.Struct, frozen=True, kw_only=True):
+    """A run (the ``runs`` table, plus ``job_name``). ``scheduled_at`` is None for a manual run;
+    ``details`` is the plugin's result details; ``duration_ms`` in milliseconds."""
+
+    id: int
+    job_id: int
+    job_name: str
+    status: RunStatus
+    started_at: dt.datetime
+    scheduled_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    success: bool | None = None
+    error_message: str | None = None
+    details: dict[str, Any] | None = None
+    queued_at: dt.datetime | None = None
+    executed_by_instance: str | None = None
+    deadline_at: dt.datetime | None = None
+    duration_ms: float | None = None
+
+
+def _job(row: dict[str, Any]) -> Job:
+    return msgspec.convert(row, Job)
+
+
+def _run(row: dict[str, Any]) -> Run:
+    return msgspec.convert(row, Run)
+
+
+class Client:
+    """A connection to one scheduler database.
+
+    ``db_url``: a SQLAlchemy URL (an empty database gets the schema, as with ``mjsched jobs add``).
+    ``plugins_dir``: the local plugins folder used to validate configurations and to :meth:`run_job`
+    (default: ``settings.plugins_dir``). ``settings``: the rest (import and ready timeouts, recycling);
+    default :class:`Settings` ``()``; the environment is not read. Raises :class:`InputError` naming
+    ``db_url`` when the database cannot be used. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, db_url: str, *, plugins_dir: str | None = None, settings: Settings | None = None) -> None:
+        base = settings if settings is not None else Settings()
+        changes: dict[str, Any] = {"database_url": db_url}
+        if plugins_dir is not None:
+            changes["plugins_dir"] = plugins_dir
+        self.settings = msgspec.structs.replace(base, **changes)
+        self._store = ops.open_store(db_url, field="db_url")
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the database connections (idempotent)."""
+        self._store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _now() -> dt.datetime:  # the Client is an outer layer: it reads the clock, the operations take it
+        return dt.datetime.now(dt.UTC)
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    def add_job(self, name: str, *, job_type: str, cron_expression: str, timezone: str = "UTC",
+                configuration: dict[str, Any] | None = None, **fields: Any) -> Job:
+        """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
+        fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
+        ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
+        ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``). The
+        configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
+        the field (``name`` if taken); nothing is written then."""
+        values = {"name": name, "job_type": job_type, "cron_expression": cron_expression, "timezone": timezone,
+                  "configuration": configuration, **fields}
+        return _job(ops.add_job(self._store, self.settings, values, self._now()))
+
+    def update_job(self, name: str, **fields: Any) -> Job:
+        """Change fields of job ``name`` (store names, as :meth:`add_job`), keeping its runs and counters; a
+        schedule change recomputes ``next_run_at``. Raises :class:`NotFoundError` / :class:`InputError`."""
+        return _job(ops.update_job(self._store, self.settings, name, fields, self._now()))
+
+    def pause_job(self, name: str) -> Job:
+        """Stop scheduling job ``name`` (a run in progress goes on). Raises :class:`NotFoundError`."""
+        return _job(ops.pause_job(self._store, name, self._now()))
+
+    def resume_job(self, name: str) -> Job:
+        """Schedule job ``name`` again from now (Expired if its ``end_at`` has passed)."""
+        return _job(ops.resume_job(self._store, name, self._now()))
+
+    def remove_job(self, name: str) -> None:
+        """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+        ops.remove_job(self._store, name)
+
+    def get_job(self, name: str) -> Job:
+        """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
+        return _job(ops.get_job(self._store, name))
+
+    def jobs(self) -> list[Job]:
+        """Every job, by name."""
+        return [_job(row) for row in ops.list_jobs(self._store)]
+
+    def run_job(self, name: str) -> int | None:
+        """Run job ``name`` once now in a worker child, like ``mjsched jobs run``, and wait until its run is
+        recorded; returns the run id (see :meth:`get_run` for its outcome). A Paused job runs and stays
+        Paused. A Queue job whose run is live is queued instead (returns None). Raises
+        :class:`~mjsched_isolated.ops.AlreadyRunningError` for a Skip job whose run is live,
+        :class:`InputError` (``job_type``) when its plugin is unavailable, ``TimeoutError`` when no worker
+        becomes ready in ``settings.worker_ready_timeout_s``."""
+        return ops.run_job(self._store, self.settings, name).run_id
+
+    # -- runs ----------------------------------------------------------------------------------------
+    def runs(self, job: str | None = None, status: RunStatus | str | None = None, limit: int = 50) -> list[Run]:
+        """Runs, newest first: of job ``job`` only, in ``status`` only, at most ``limit``. Raises
+        :class:`NotFoundError` for an unknown job, :class:`InputError` for a bad status or limit."""
+        return [_run(row) for row in ops.list_runs(self._store, job=job, status=status, limit=limit)]
+
+    def get_run(self, run_id: int) -> Run:
+        """Run ``run_id``. Raises :class:`NotFoundError` (field ``id``)."""
+        return _run(ops.get_run(self._store, run_id))

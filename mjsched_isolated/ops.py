@@ -1,0 +1,429 @@
+"""The job operations, validated: one implementation for the CLI, the Python :class:`~mjsched_isolated.client.Client`
+and (later) a web dashboard.
+
+Each operation takes plain typed arguments (a :class:`Store`, the :class:`Settings`, names, field values)
+and ``now`` (aware UTC) where it decides anything; it never prints and never reads a clock, except
+:func:`run_job`, an outer loop like ``serve``. Bad input raises :class:`InputError` (or a subclass) with
+``.field`` and ``.message``; nothing is written then. Field names are the store's column names
+(``cron_expression``), which the CLI re-labels as its flags where they differ.
+
+Rows returned are the views of :func:`job_view` / :func:`run_view`: the store's columns, with
+``configuration``, ``notify_recipients`` and ``details`` decoded from their JSON text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+
+from mjsched_isolated import cron, jobspec
+from mjsched_isolated.config import Retention, Settings, redact_url
+from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
+from mjsched_isolated.errors import (
+    InputError,
+    MjschedError,
+    first_line,
+    msgspec_field_error,
+)
+from mjsched_isolated.jobspec import JobSpec
+from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
+from mjsched_isolated.store import migrate
+from mjsched_isolated.store.core import Store
+from mjsched_isolated.store.migrate import SchemaError
+from mjsched_isolated.supervisor.inspection import inspect_plugins
+
+Row = dict[str, Any]
+JOB_FIELDS: tuple[str, ...] = tuple(JobSpec.__struct_fields__)
+RUN_STATUSES = values(RunStatus)
+SYNC_ATTEMPTS = 3  # a sync that lost a name race to another supervisor's sync re-reads and tries again
+
+
+class AlreadyRunningError(MjschedError):
+    """``run_job`` of a Skip job whose run holds the lease (``holder``: the supervisor, or None)."""
+
+    def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None) -> None:
+        self.name, self.holder = name, holder
+        where = (f"its run holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
+                 if holder and locked_at else "its run ended just now; try again")
+        super().__init__(f"job {name!r} is already running ({where}); concurrency_mode {concurrency_mode} "
+                         "refuses a second run")
+
+
+class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`run_job` did: ``run_id`` of the run it recorded, or None with ``queued`` (a Queue job
+    whose live run ends first). ``was_paused``: the job is Paused and stays so (the run was manual)."""
+
+    run_id: int | None
+    queued: bool = False
+    was_paused: bool = False
+
+
+class CheckReport(msgspec.Struct, frozen=True):
+    """``check``: ``ok`` when ``problems`` is empty; ``notes`` say what was checked."""
+
+    ok: bool
+    problems: list[str]
+    notes: list[str]
+
+
+class PruneResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``runs prune``: rows deleted (or, with ``dry_run``, that would be) and the rules used."""
+
+    pruned: int
+    dry_run: bool
+    keep_days: float
+    keep_min_per_job: int
+    notifications_pruned: int
+
+
+# -- the database ------------------------------------------------------------------------------------
+def open_store(url: str, *, auto_upgrade: bool = False, must_exist: bool = False, field: str = "--db") -> Store:
+    """:meth:`Store.open` with connection problems as :class:`InputError` on ``field``. ``must_exist``
+    (read-only commands): a SQLite file that does not exist is an error, not a new empty database."""
+    if must_exist:
+        _require_sqlite_file(url, field)
+    try:
+        return Store.open(url, auto_upgrade=auto_upgrade)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError) as exc:  # ValueError: e.g. a bad port
+        raise InputError(field, f"not a usable database URL {redact_url(url)!r} ({first_line(exc)})") from None
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig).lower()
+        if getattr(exc, "connection_invalidated", False) or "connect" in reason or "unable to open" in reason:
+            raise InputError(field, f"cannot connect to {redact_url(url)!r}: "
+                                    f"{str(exc.orig).strip().splitlines()[0]}") from None
+        raise
+
+
+def _require_sqlite_file(url: str, field: str) -> None:
+    try:
+        parsed = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        return  # open_store reports it
+    database = parsed.database or ""
+    if not parsed.drivername.startswith("sqlite") or database in ("", ":memory:") or database.startswith("file:"):
+        return
+    if not Path(database).exists():
+        raise InputError(field, f"no database at {database!r} (a read-only command does not create one; "
+                                "`mjsched db upgrade` or `mjsched jobs add` does)")
+
+
+# -- views ---------------------------------------------------------------------------------------------
+def job_view(row: Row) -> Row:
+    """A job row with ``configuration`` (object) and ``notify_recipients`` (list) decoded from JSON."""
+    view = {str(k): v for k, v in row.items()}  # plain str keys (SQLAlchemy's are a str subclass)
+    for key in ("configuration", "notify_recipients"):
+        if isinstance(view.get(key), str):
+            try:
+                view[key] = json.loads(view[key])
+            except ValueError:
+                pass  # written by hand or another tool: shown as stored
+    return view
+
+
+def run_view(row: Row) -> Row:
+    """A run row (``details`` is already decoded by the store), with plain ``str`` keys."""
+    return {str(k): v for k, v in row.items()}
+
+
+def list_jobs(store: Store) -> list[Row]:
+    """Every job by name, as :func:`job_view` rows."""
+    return [job_view(r) for r in store.list_jobs()]
+
+
+def get_job(store: Store, name: str) -> Row:
+    """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
+    return job_view(store.get_job(name))
+
+
+def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 50) -> list[Row]:
+    """Runs newest first. Raises :class:`InputError` on ``limit`` (< 1) or ``status``;
+    :class:`NotFoundError` (field ``name``) for an unknown ``job``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError("limit", f"must be a positive integer, got {limit!r}")
+    if status is not None and status not in RUN_STATUSES:
+        raise InputError("status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    return [run_view(r) for r in store.list_runs(job_name=job, status=status, limit=limit)]
+
+
+def get_run(store: Store, run_id: int) -> Row:
+    """Run ``run_id``. Raises :class:`NotFoundError` (field ``id``)."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
+        raise InputError("id", f"no run with id {run_id!r}")
+    return run_view(store.get_run(run_id))
+
+
+def status(store: Store) -> Row:
+    """The ``status`` report (:func:`mjsched_isolated.status.collect`)."""
+    return collect(store)
+
+
+# -- job specs -----------------------------------------------------------------------------------------
+def make_spec(fields: Mapping[str, Any], where: str = "") -> JobSpec:
+    """A checked :class:`JobSpec` from field values by their store names (``configuration`` a dict,
+    ``start_at`` a datetime, enums or their strings). Raises :class:`InputError` naming the field
+    (unknown ones too), prefixed by ``where``."""
+    for key in fields:
+        if key not in JOB_FIELDS:
+            raise InputError(f"{where}{key}", f"unknown job field; known: {', '.join(JOB_FIELDS)}")
+    try:
+        spec = msgspec.convert(dict(fields), JobSpec)
+    except msgspec.ValidationError as exc:
+        field, message = msgspec_field_error(exc, "")
+        raise InputError(f"{where}{field}", message) from None
+    return jobspec.check(spec, where)
+
+
+def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
+                            prefix: Callable[[int], str] = lambda i: "") -> None:
+    """Ask a worker child whether each spec's ``job_type`` exists and its configuration is valid.
+    Raises :class:`InputError` naming ``<prefix(i)>job_type`` or ``<prefix(i)>configuration.<path>``."""
+    checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
+    report = inspect_plugins(settings, checks)
+    for i, error in enumerate(report.errors):
+        if error is not None:
+            field, _, message = error.partition(": ")  # the worker's reply is one "<field>: <message>" line
+            if field == "job_type" and report.failures:  # the type may live in a module that did not load
+                message += "; plugin modules that failed to load: " + ", ".join(
+                    f.module for f in report.failures) + " (see `plugins list`)"
+            raise InputError(f"{prefix(i)}{field}", message)
+
+
+def _spec_fields_of(row: Row) -> dict[str, Any]:
+    view = job_view(row)
+    return {key: view[key] for key in JOB_FIELDS if key in view}
+
+
+# -- writes --------------------------------------------------------------------------------------------
+def prepare_job(settings: Settings, fields: Mapping[str, Any], now: dt.datetime) -> Row:
+    """The column values of a new job from field values by store name: checked, its configuration
+    validated by the plugin in a worker child, ``next_run_at`` computed from ``now`` (Active unless
+    ``status`` says otherwise; an Active job with no occurrence left is Expired). Raises
+    :class:`InputError` naming the field. Touches no database."""
+    spec = make_spec(fields)
+    validate_configurations(settings, [spec])
+    return jobspec.with_next_run_at({"status": JobStatus.ACTIVE.value, **jobspec.row_values(spec)}, now)
+
+
+def insert_job(store: Store, values: Row, now: dt.datetime) -> Row:
+    """Insert :func:`prepare_job` values. Raises :class:`InputError` (``name``) if the name is taken."""
+    store.add_job(values, now)
+    return get_job(store, values["name"])
+
+
+def add_job(store: Store, settings: Settings, fields: Mapping[str, Any], now: dt.datetime) -> Row:
+    """Create a job from field values by store name (:func:`prepare_job` then :func:`insert_job`).
+    Raises :class:`InputError` naming the field; nothing is written then. Returns the new job."""
+    return insert_job(store, prepare_job(settings, fields, now), now)
+
+
+def update_job(store: Store, settings: Settings, name: str, changes: Mapping[str, Any], now: dt.datetime) -> Row:
+    """Change some fields of job ``name``, keeping its history (runs, counters). A change of the schedule
+    (cron, zone, start/end, status) recomputes ``next_run_at`` from ``now``; a change of type or
+    configuration is validated by the plugin. Renaming is refused (field ``name``). Raises
+    :class:`NotFoundError` / :class:`InputError`. Returns the job."""
+    if "name" in changes and changes["name"] != name:
+        raise InputError("name", "a job cannot be renamed; add a new one and remove this one")
+    old = store.get_job(name)
+    spec = make_spec({**_spec_fields_of(old), **changes})
+    values = jobspec.row_values(spec)
+    changed = {k: v for k, v in values.items() if old.get(k) != v}
+    if "job_type" in changed or "configuration" in changed:
+        validate_configurations(settings, [spec])
+    if jobspec.schedule_fields_changed(old, changed):
+        scheduled = jobspec.with_next_run_at({**old, **values}, now)
+        changed["next_run_at"] = scheduled["next_run_at"]
+        if scheduled["status"] != old["status"]:
+            changed["status"] = scheduled["status"]
+    if changed:
+        store.update_job(name, changed, now)
+    return get_job(store, name)
+
+
+def pause_job(store: Store, name: str, now: dt.datetime) -> Row:
+    """Stop scheduling job ``name`` (a run in progress is not interrupted). Returns the job."""
+    store.update_job(name, {"status": JobStatus.PAUSED.value, "next_run_at": None}, now)
+    return get_job(store, name)
+
+
+def resume_job(store: Store, name: str, now: dt.datetime) -> Row:
+    """Schedule job ``name`` again from ``now``; it becomes Expired if its ``end_at`` has passed."""
+    job = store.get_job(name)
+    values = jobspec.with_next_run_at({**job, "status": JobStatus.ACTIVE.value}, now)
+    store.update_job(name, {"status": values["status"], "next_run_at": values["next_run_at"]}, now)
+    return get_job(store, name)
+
+
+def remove_job(store: Store, name: str) -> None:
+    """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+    store.remove_job(name)
+
+
+def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[[Row], None] | None = None
+            ) -> RunOutcome:
+    """Run job ``name`` once now through a worker child and wait until its run is recorded (like
+    Kubernetes ``create job --from`` or a Temporal trigger, a Paused job runs too and stays Paused;
+    ``on_paused`` is told first). Its schedule is left as it is. Registers as supervisor
+    ``jobs-run-<instance>`` for the run. Reads clocks (an outer loop). Raises
+    :class:`AlreadyRunningError` when a Skip job's run is live, :class:`InputError` (``job_type``) when
+    its plugin is not available, ``TimeoutError`` when no worker becomes ready; ``KeyboardInterrupt``
+    cancels the run and propagates."""
+    from mjsched_isolated.supervisor.core import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
+    from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
+
+    job = store.get_job(name)
+    paused = job["status"] == JobStatus.PAUSED
+    if paused and on_paused is not None:
+        on_paused(job_view(job))
+    manual = msgspec.structs.replace(settings, max_concurrent_jobs=1,
+                                     instance=MANUAL_INSTANCE_PREFIX + settings.instance)
+    pool = Pool.from_settings(manual, size=1)
+    try:
+        run_id = Supervisor(manual, store, pool).run_now(job, ready_timeout_s=manual.worker_ready_timeout_s)
+    except LookupError as exc:
+        raise InputError("job_type", str(exc).split(": ", 1)[-1]) from None
+    finally:
+        pool.close()
+    if run_id is not None:
+        return RunOutcome(run_id=run_id, was_paused=paused)
+    if job["concurrency_mode"] == ConcurrencyMode.QUEUE:
+        store.queue_now(job["id"], utcnow())
+        return RunOutcome(run_id=None, queued=True, was_paused=paused)
+    current = store.get_job(name)
+    raise AlreadyRunningError(name, job["concurrency_mode"], current["locked_by_instance"], current["locked_at"])
+
+
+def load_jobs_file(settings: Settings, path: str) -> list[JobSpec]:
+    """The checked specs of the TOML jobs file ``path``, configurations validated by their plugins.
+    Raises :class:`InputError` naming ``<path>: jobs[i].<field>``. Touches no database."""
+    specs = jobspec.load_file(path)
+    validate_configurations(settings, specs, prefix=lambda i: f"{path}: jobs[{i}].")
+    return specs
+
+
+def apply_jobs(store: Store, specs: Sequence[JobSpec], now: dt.datetime) -> tuple[int, int]:
+    """Create or update (by name) a job per spec in one transaction (:meth:`Store.apply_job_changes`);
+    other jobs are untouched, and a job's ``status`` is kept unless its spec sets it. A schedule change
+    recomputes ``next_run_at`` from ``now``. Returns ``(created, updated)``."""
+    for attempt in range(SYNC_ATTEMPTS):
+        existing = {row["name"]: row for row in store.list_jobs()}
+        creates: list[Row] = []
+        updates: list[tuple[str, Row]] = []
+        for spec in specs:
+            values = jobspec.row_values(spec)
+            old = existing.get(spec.name)
+            if old is None:
+                creates.append(jobspec.with_next_run_at({"status": JobStatus.ACTIVE.value, **values}, now))
+                continue
+            changed = {k: v for k, v in values.items() if old.get(k) != v}
+            if jobspec.schedule_fields_changed(old, changed):
+                changed["next_run_at"] = jobspec.with_next_run_at({**old, **values}, now)["next_run_at"]
+            if changed:
+                updates.append((spec.name, changed))
+        try:
+            store.apply_job_changes(creates, updates, now)
+        except InputError as exc:  # created meanwhile by another supervisor's sync: read again, update it
+            if exc.field != "name" or attempt == SYNC_ATTEMPTS - 1:
+                raise
+            continue
+        return len(creates), len(updates)
+    raise AssertionError("unreachable")
+
+
+def sync_jobs(store: Store, settings: Settings, path: str, now: dt.datetime) -> tuple[int, int]:
+    """``jobs sync``: :func:`load_jobs_file` then :func:`apply_jobs`, all or nothing."""
+    return apply_jobs(store, load_jobs_file(settings, path), now)
+
+
+# -- check and retention -------------------------------------------------------------------------------
+def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
+    """Settings (already valid), plugins imported in a child (a folder that cannot be read is a
+    problem), ``jobs_file`` (default the configured one), and every job in the database (cron, zone,
+    type, configuration, notice recipients). An empty database is created at the newest revision."""
+    problems: list[str] = []
+    plugins = settings.plugins_dir or "./plugins if present"
+    channels = ", ".join(settings.notifications.channels())
+    notes = [f"settings: ok (database {redact_url(settings.database_url)}, plugins {plugins}, "
+             f"cap {settings.max_concurrent_jobs}, notification channels {channels})"]
+    report = inspect_plugins(settings)
+    notes.append(f"plugins: {len(report.plugins)} job type(s): "
+                 + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
+    for failure in report.failures:
+        problems.append(f"plugin module {failure.module}: failed to import: {last_line(failure.error)}")
+    jobs_file = jobs_file or settings.jobs_file
+    if jobs_file:
+        try:
+            specs = jobspec.load_file(jobs_file)
+            validate_configurations(settings, specs, prefix=lambda i: f"{jobs_file}: jobs[{i}].")
+            notes.append(f"jobs file {jobs_file}: {len(specs)} job(s) ok")
+        except InputError as exc:
+            problems.append(f"jobs file: {exc}")
+    jobs: list[Row] = []
+    try:
+        store = open_store(settings.database_url)  # an empty database is created at the newest revision
+    except SchemaError as exc:  # outdated, or newer than this code: nothing else to check in it
+        problems.append(str(exc))
+    else:
+        try:
+            jobs = store.list_jobs()
+        finally:
+            store.close()
+        notes.append(f"database schema: up to date ({migrate.head_revision()})")
+    bad: set[str] = set()
+
+    def problem(job: Row, text: str) -> None:
+        bad.add(job["name"])
+        problems.append(f"job {job['name']}: {text}")
+
+    for job in jobs:
+        try:
+            cron.validate(job["cron_expression"], job["timezone"])
+        except InputError as exc:
+            problem(job, str(exc))
+    checks = [(job["job_type"], job["configuration"]) for job in jobs]
+    for job, error in zip(jobs, inspect_plugins(settings, checks).errors if checks else []):
+        if error is not None:
+            problem(job, error)
+    email = settings.notifications.email
+    if email is not None and not email.recipients:
+        for job in jobs:
+            if (job["notify_on_failure"] or job["notify_on_success"] or job["notify_on_missed"]) \
+                    and not job["notify_recipients"]:
+                problem(job, "notify_recipients: none, and notifications.email.recipients is empty: its email "
+                             "notices could not be delivered")
+    notes.append(f"jobs: {len(jobs)} in the database, {len(jobs) - len(bad)} ok")
+    return CheckReport(ok=not problems, problems=problems, notes=notes)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a traceback or message (``"?"`` if none)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "?"
+
+
+def retention_with(base: Retention, *, keep_days: float | None = None,
+                   keep_min_per_job: int | None = None) -> Retention:
+    """``base`` with the given values replaced, validated. Raises :class:`InputError` naming
+    ``retention.keep_days`` / ``retention.keep_min_per_job``."""
+    given = {k: v for k, v in (("keep_days", keep_days), ("keep_min_per_job", keep_min_per_job)) if v is not None}
+    return Retention(**{**msgspec.structs.asdict(base), **given})
+
+
+def prune(store: Store, retention: Retention, *, dry_run: bool = False) -> PruneResult:
+    """Delete (or count, with ``dry_run``) finished runs older than ``retention.keep_days`` beyond each
+    job's newest ``keep_min_per_job``, and delivered or given-up notices as old, in batches. Judged by
+    the database clock (run timestamps are written by it)."""
+    now = store.db_now()
+    if dry_run:
+        count = store.count_prunable_runs(now, retention.keep_days, retention.keep_min_per_job)
+        notices = store.count_prunable_notifications(now, retention.keep_days)
+    else:
+        count = store.prune_runs(now, retention.keep_days, retention.keep_min_per_job, retention.prune_batch_size)
+        notices = store.prune_notifications(now, retention.keep_days, retention.prune_batch_size)
+    return PruneResult(pruned=count, dry_run=dry_run, keep_days=retention.keep_days,
+                       keep_min_per_job=retention.keep_min_per_job, notifications_pruned=notices)
