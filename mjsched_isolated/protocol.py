@@ -35,11 +35,14 @@ class PluginInfo(msgspec.Struct, frozen=True):
 
 class LoadFailure(msgspec.Struct, frozen=True):
     """A plugin module that failed to import (or defined a bad job type), with the traceback text.
-    ``import_timed_out``: its import was given up (its thread may still end the worker later)."""
+    ``import_timed_out``: its import was given up (its thread may still end the worker later).
+    ``folder``: the failure is the plugins folder itself (``module`` is its path: missing, not a folder,
+    unreadable), so a command can exit non-zero without reading ``error``."""
 
     module: str
     error: str
     import_timed_out: bool = False
+    folder: bool = False
 
 
 class Importing(msgspec.Struct, tag=True, frozen=True):

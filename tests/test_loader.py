@@ -154,6 +154,7 @@ def test_a_plugin_file_named_like_a_stdlib_module_shadows_nothing(tmp_path):
     registry = load_plugins(tmp_path, builtins=False)
     assert set(registry.classes) == {"user_queue", "threads"}
     assert [f.module for f in registry.failures] == ["json.py"]
+    assert not registry.failures[0].folder  # a module's failure, not the folder's
     assert sys.modules["mjsched_plugins.queue"] is not sys.modules["queue"]
 
 
@@ -183,7 +184,8 @@ def test_missing_folder_gives_empty_registry_and_says_so(tmp_path):
     assert registry.classes == {}
     assert registry.infos == []
     assert registry.failures == [LoadFailure(module=str(tmp_path / "does-not-exist"),
-                                             error=f"plugins folder {tmp_path / 'does-not-exist'} does not exist")]
+                                             error=f"plugins folder {tmp_path / 'does-not-exist'} does not exist",
+                                             folder=True)]
 
 
 def test_a_missing_explicit_folder_still_leaves_the_builtins(tmp_path):
@@ -196,6 +198,7 @@ def test_a_file_is_not_a_folder(tmp_path):
     path = _write(tmp_path, "single.py", _plugin("single"))
     registry = load_plugins(path, builtins=False)
     assert registry.classes == {} and registry.failures[0].error == f"plugins folder {path} is not a folder"
+    assert registry.failures[0].folder
 
 
 DROP_CAPABILITIES = """
@@ -217,7 +220,7 @@ def test_an_unreadable_folder_is_a_failure_naming_it(tmp_path):
         import json, sys
         from mjsched_isolated.worker.loader import load_plugins
         r = load_plugins(sys.argv[1])
-        print(json.dumps([sorted(r.classes), [f.error for f in r.failures]]))
+        print(json.dumps([sorted(r.classes), [f.error for f in r.failures if f.folder]]))
         """)
     try:
         proc = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=30,

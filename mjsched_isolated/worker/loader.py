@@ -82,7 +82,7 @@ def load_plugins(plugins_dir: str | Path | None, import_timeout_s: float = 10.0,
         files = _plugin_files(folder)
     except OSError as exc:
         registry.failures.append(LoadFailure(
-            module=str(folder), error=f"plugins folder {folder} cannot be read ({exc.strerror or exc})"))
+            module=str(folder), error=f"plugins folder {folder} cannot be read ({exc.strerror or exc})", folder=True))
         return registry
     _mount_local_package(folder)
     for path in files:
@@ -98,10 +98,12 @@ def _local_folder(plugins_dir: str | Path | None, registry: Registry) -> Path | 
         return default if default.is_dir() else None
     folder = Path(plugins_dir).resolve()
     if not folder.exists():
-        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} does not exist"))
+        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} does not exist",
+                                             folder=True))
         return None
     if not folder.is_dir():
-        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} is not a folder"))
+        registry.failures.append(LoadFailure(module=str(folder), error=f"plugins folder {folder} is not a folder",
+                                             folder=True))
         return None
     return folder
 

@@ -1,13 +1,18 @@
-"""An ``async def execute`` test plugin: awaits, heartbeats, reports its event loop."""
+"""An ``async def execute`` test plugin: awaits, heartbeats, reports its event loop.
+
+asyncio is imported in ``execute``: every fixture worker of the suite loads this module, few run it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from mjsched_isolated import BaseScheduledJob, JobContext, ScheduledJobResult
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class AsyncConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -25,6 +30,8 @@ class AsyncBeat(BaseScheduledJob[AsyncConfig]):
     description = "async def execute: awaits, heartbeats, reports its event loop"
 
     async def execute(self, context: JobContext[AsyncConfig]) -> ScheduledJobResult:
+        import asyncio
+
         cfg = context.configuration
         earlier = [t.cancelled() for t in _left_behind]
         for _ in range(cfg.beats):
