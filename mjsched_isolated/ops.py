@@ -353,6 +353,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
     report = inspect_plugins(settings)
     notes.append(f"plugins: {len(report.plugins)} job type(s): "
                  + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
+    notes.extend(f"plugins: {warning}" for warning in report.warnings)
     for failure in report.failures:
         problems.append(f"plugin module {failure.module}: failed to import: {last_line(failure.error)}")
     jobs_file = jobs_file or settings.jobs_file

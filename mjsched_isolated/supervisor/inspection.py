@@ -22,6 +22,7 @@ class PluginReport:
     def __init__(self, ready: protocol.Ready, errors: list[str | None]) -> None:
         self.plugins = ready.plugins
         self.failures = ready.failures
+        self.warnings = ready.warnings  # e.g. a local plugin overriding a built-in job type
         self.errors = errors
 
 

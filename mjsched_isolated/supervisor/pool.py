@@ -117,7 +117,7 @@ class Pool:
         concerns workers (plugins folder, import and ready timeouts, recycling, log format) is applied, so
         ``serve``, ``jobs run`` and the CLI's plugin checks load plugins alike. ``size`` defaults to
         ``max_concurrent_jobs``; ``log_level`` to the root logger's level."""
-        return cls(size if size is not None else settings.max_concurrent_jobs, settings.plugins_dir or "plugins",
+        return cls(size if size is not None else settings.max_concurrent_jobs, settings.plugins_dir,
                    log_level=logging.getLogger().level if log_level is None else log_level,
                    ready_timeout_s=settings.worker_ready_timeout_s if ready_timeout_s is None else ready_timeout_s,
                    import_timeout_s=settings.plugin_import_timeout_s,

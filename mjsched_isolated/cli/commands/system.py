@@ -90,10 +90,13 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
     report = inspect_plugins(args.settings)
     if args.json:
-        render.print_json({"plugins": report.plugins, "failures": report.failures})
+        render.print_json({"plugins": report.plugins, "failures": report.failures, "warnings": report.warnings})
     else:
         for info in report.plugins:
-            print(render.cell(f"{info.job_type:20} {info.module:24} {info.description}"))
+            where = "(built-in)" if info.builtin else info.module
+            print(render.cell(f"{info.job_type:20} {where:24} {info.description}"))
+        for warning in report.warnings:
+            print(f"WARNING {render.cell(warning)}")
         for failure in report.failures:
             print(f"FAILED {render.cell(failure.module)}: {render.cell(ops.last_line(failure.error))}")
     return Exit.FAILED if report.failures else Exit.OK
