@@ -174,8 +174,9 @@ class FakePool:
         return run
 
     def wait(self, timeout_s: float, extra: Any = ()) -> tuple[list[ChildEvent], list[Any]]:
-        """Run what is due to run, then return every pending event at once; with none, block up to
-        ``timeout_s`` on the ``extra`` handles (or until another thread calls :meth:`finish`...)."""
+        """Execute the runs not held, then return every pending event at once (a worker is idle again
+        once its result is returned, as with a real pool). With no event, block up to ``timeout_s``
+        seconds on the ``extra`` handles, or until another thread finishes, beats or crashes a run."""
         while self._to_run:
             self._execute(self._to_run.pop(0))
         for worker, messages in self._finished:  # as a real pool: a worker is idle once its result is read
