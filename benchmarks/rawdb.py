@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 import metrics  # noqa: E402
 import runner  # noqa: E402
 
-from mjsched_isolated.store.core import Store  # noqa: E402
+from mjsched_isolated.store import Store  # noqa: E402
 
 UTC = dt.timezone.utc
 

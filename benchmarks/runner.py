@@ -67,7 +67,7 @@ def _epoch(value) -> float | None:
 def read_runs(url: str, specs: list[dict]) -> tuple[list[dict], int]:
     """(runs as :mod:`metrics` dicts, total skipped_count) from the database at ``url``."""
     from mjsched_isolated.store.schema import jobs, runs
-    from mjsched_isolated.store.core import Store
+    from mjsched_isolated.store import Store
     kinds = {s["name"]: s["kind"] for s in specs}
     store = Store.open(url)
     try:

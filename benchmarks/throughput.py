@@ -63,7 +63,7 @@ from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.supervisor.pool import Pool
 from mjsched_isolated.store.schema import jobs, runs
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import Supervisor, utcnow
 
 PLUGINS_DIR = str(Path(__file__).resolve().parent / "plugins")

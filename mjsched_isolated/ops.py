@@ -34,7 +34,7 @@ from mjsched_isolated.errors import (
 from mjsched_isolated.jobspec import JobSpec
 from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
 from mjsched_isolated.store import migrate
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.store.migrate import SchemaError
 from mjsched_isolated.supervisor.inspection import inspect_plugins
 
@@ -273,7 +273,7 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     :class:`AlreadyRunningError` when a Skip job's run is live, :class:`InputError` (``job_type``) when
     its plugin is not available, ``TimeoutError`` when no worker becomes ready; ``KeyboardInterrupt``
     cancels the run and propagates."""
-    from mjsched_isolated.supervisor.core import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
+    from mjsched_isolated.supervisor import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
     job = store.get_job(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 MANUAL_INSTANCE_PREFIX = "jobs-run-"  # the instance prefix of `jobs run`'s supervisor (ops.run_job)
 HIDE_SUPERVISORS_AFTER_S = 3600.0  # supervisors stopped or expired longer ago than this are not listed

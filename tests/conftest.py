@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from fakes import FakePool, memory_store
 
 from mjsched_isolated.config import Settings
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import Supervisor, utcnow
 from mjsched_isolated.supervisor.pool import Pool
 

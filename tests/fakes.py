@@ -7,7 +7,7 @@
   finishes it, beats its heartbeat or crashes its "worker" (an exit code or a signal, as a real pool
   reports a dead child). What a real child is needed for (killing a process tree, os._exit, a segfault,
   a plugin hanging at import, recycling, the watchdog's fence) stays in the end-to-end tests.
-- :func:`memory_store`: a :class:`~mjsched_isolated.store.core.Store` on an in-memory SQLite database (one
+- :func:`memory_store`: a :class:`~mjsched_isolated.store.Store` on an in-memory SQLite database (one
   shared connection), copied from a template made once by the normal migration path (``migrate.prepare``):
   about 2 ms a store against 100-250 ms for migrating, 50-100 ms for ``create_all`` + ``stamp``.
 """
@@ -27,10 +27,10 @@ from sqlalchemy.pool import StaticPool
 
 from mjsched_isolated import protocol
 from mjsched_isolated.store import migrate
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor.pool import ChildEvent
 from mjsched_isolated.worker.loader import Registry, load_plugins
-from mjsched_isolated.worker.main import run as execute_run
+from mjsched_isolated.worker.execute import run as execute_run
 
 FAKE_PID_BASE = 10_000_000  # above Linux's pid_max (2**22): a fake pid can never name a real process
 _pids = itertools.count(FAKE_PID_BASE)

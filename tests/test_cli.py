@@ -20,9 +20,9 @@ from conftest import FIXTURE_PLUGINS, add_job
 from mjsched_isolated import InputError, NotFoundError, __version__, config
 from mjsched_isolated.cli.commands import settings_flags
 from mjsched_isolated.cli.parser import build_parser
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.store.schema import jobs, runs
-from mjsched_isolated.supervisor.core import utcnow
+from mjsched_isolated.supervisor.clock import utcnow
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "mjsched"
 

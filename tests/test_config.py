@@ -13,7 +13,7 @@ from conftest import FIXTURE_PLUGINS, add_job, isolated_database
 
 from mjsched_isolated.config import load_settings
 from mjsched_isolated.errors import InputError
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.store.schema import jobs
 
 pytestmark = pytest.mark.timeout(60)

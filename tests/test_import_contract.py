@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_PLUGINS, add_job
 
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mjsched_isolated"
 # what worker-side code may import besides the standard library (issue 10, "worker/")
@@ -107,12 +107,12 @@ def test_the_worker_side_imports_only_the_protocol_the_plugin_api_and_the_standa
 def test_the_contract_checker_sees_a_violation(tmp_path):
     """The walk above must be able to fail: a lazy import of the store, in a function, is found."""
     probe = PACKAGE / "worker" / "_contract_probe.py"
-    probe.write_text("def f():\n    from mjsched_isolated.store import core\n    import sqlalchemy\n")
+    probe.write_text("def f():\n    from mjsched_isolated.store import facade\n    import sqlalchemy\n")
     try:
         graph = _closure([probe])
     finally:
         probe.unlink()
-    assert {"mjsched_isolated.store.core", "sqlalchemy"} <= graph["mjsched_isolated.worker._contract_probe"]
+    assert {"mjsched_isolated.store.facade", "sqlalchemy"} <= graph["mjsched_isolated.worker._contract_probe"]
     assert "mjsched_isolated.store" in graph  # followed into the store
 
 

@@ -6,7 +6,7 @@ import datetime as dt
 import time
 
 from mjsched_isolated.supervisor.liveness import Liveness
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
 
 

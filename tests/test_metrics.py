@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FIXTURE_PLUGINS, add_job, isolated_database
 from mjsched_isolated.supervisor.metrics import PrometheusMetrics
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from procs import Serve, serve_factory  # noqa: F401 - serve_factory is a fixture
 
 METRICS_LINE = r"metrics on http://127\.0\.0\.1:(\d+)/metrics"

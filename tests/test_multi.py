@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import REQUIRE_SERVERS, add_job, isolated_database, wait_gone
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from procs import Serve
 
 # how long the exactly-once soak runs on each backend (issue: >= 60 s on PostgreSQL, shorter on MariaDB)

@@ -27,8 +27,8 @@ from mjsched_isolated import notices
 from mjsched_isolated.supervisor.channels import DeliveryError, SmtpChannel, WebhookPost
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
 from mjsched_isolated.supervisor.notifier import Notifier, backoff_s
-from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import utcnow
+from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.clock import utcnow
 
 SECRET = "s3cr3t-hmac-key"
 PASSWORD = "hunter2-smtp-pass"

@@ -30,8 +30,8 @@ import sqlalchemy as sa
 
 from conftest import add_job, isolated_database, wait_gone
 from mjsched_isolated.store.schema import jobs as jobs_table
-from mjsched_isolated.store.core import Store
-from mjsched_isolated.supervisor.core import utcnow
+from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.clock import utcnow
 from procs import Serve
 
 UTC = dt.timezone.utc

@@ -15,7 +15,7 @@ from conftest import FIXTURE_PLUGINS, add_job
 from mjsched_isolated.config import Retention, Settings
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.schema import runs
-from mjsched_isolated.supervisor.core import Supervisor
+from mjsched_isolated.supervisor import Supervisor
 from mjsched_isolated.supervisor.pool import Pool
 
 UTC = dt.UTC

@@ -10,7 +10,7 @@ import pytest
 from conftest import Driver, add_job, isolated_database
 
 from mjsched_isolated.cli.app import main
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 YEARLY = "0 0 1 1 *"
 LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)

@@ -9,7 +9,7 @@ import logging
 
 from mjsched_isolated import planner, protocol
 from mjsched_isolated.errors import CronError
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 log = logging.getLogger("mjsched.supervisor")
 SHORTEST_LISTED = 5  # the advice names this many of the most frequent jobs, not every one

@@ -21,7 +21,7 @@ from mjsched_isolated import notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
 from mjsched_isolated.isotime import iso
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx

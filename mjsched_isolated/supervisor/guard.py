@@ -13,7 +13,7 @@ from typing import Any
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.metrics import Metrics
 from mjsched_isolated.supervisor.pool import ChildEvent, describe_exit

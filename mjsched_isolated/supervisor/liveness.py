@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 from mjsched_isolated.errors import first_line as _short
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 log = logging.getLogger("mjsched.liveness")
 

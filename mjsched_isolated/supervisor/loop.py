@@ -15,7 +15,7 @@ from typing import Any
 from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings, redact_url
 from mjsched_isolated.errors import first_line as _short
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import manual
 from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock

@@ -33,7 +33,7 @@ from mjsched_isolated.supervisor import channels as channels_mod
 from mjsched_isolated.supervisor.channels import Channel, DeliveryError
 from mjsched_isolated.config import Notifications
 from mjsched_isolated.errors import first_line
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 log = logging.getLogger("mjsched.notifier")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from mjsched_isolated import notices, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
-from mjsched_isolated.store.core import Store, is_permanent_error
+from mjsched_isolated.store import Store, is_permanent_error
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.metrics import Metrics
 

@@ -17,7 +17,7 @@ import logging
 
 from mjsched_isolated.config import Retention
 from mjsched_isolated.errors import first_line
-from mjsched_isolated.store.core import Store
+from mjsched_isolated.store import Store
 
 log = logging.getLogger("mjsched.retention")
 PREFETCH_BATCHES = 20

@@ -28,7 +28,7 @@ from mjsched_isolated import logs, protocol
 from mjsched_isolated.worker import hygiene, watchdog
 from mjsched_isolated.worker.execute import run, validate
 
-__all__ = ["PipeSender", "main", "run", "validate"]  # run/validate re-exported for the in-process fake pool
+__all__ = ["PipeSender", "main"]
 
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,

@@ -13,7 +13,7 @@ SETTING = "set:"  # namespace prefix of a settings flag: set:<settings key>
 JOB = "job:"  # namespace prefix of a job field option: job:<store column>
 
 if TYPE_CHECKING:
-    from mjsched_isolated.store.core import Store
+    from mjsched_isolated.store import Store
 
 
 def open_store(args: argparse.Namespace) -> Store:
