@@ -17,9 +17,9 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
@@ -27,9 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import metrics  # noqa: E402
-import runner  # noqa: E402
-import workload as wl  # noqa: E402
+import metrics
+import runner
+import workload as wl
 
 TRIGGERS = {"every_second": {"second": "*"}, "every_minute": {"second": "0"}, "hourly": {"minute": "0", "second": "0"}}
 
@@ -51,13 +51,12 @@ class _Counter(logging.Handler):
 
 def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: str) -> None:
     """Run APScheduler for ``duration_s`` and write {"runs": [...], "skips": n, ...} to ``out``."""
+    import aps_jobs
     from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
     from apscheduler.executors.pool import ProcessPoolExecutor
     from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.triggers.cron import CronTrigger
-
-    import aps_jobs
     counter = _Counter()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("apscheduler").addHandler(counter)

@@ -13,7 +13,7 @@ import math
 
 from mjsched_isolated.cron import next_run_time
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def pct(values: list[float], q: float) -> float | None:

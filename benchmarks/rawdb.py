@@ -23,12 +23,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import metrics  # noqa: E402
-import runner  # noqa: E402
+import metrics
+import runner
 
-from mjsched_isolated.store import Store  # noqa: E402
+from mjsched_isolated.store import Store
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def raw_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dict:

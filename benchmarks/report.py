@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 HERE = Path(__file__).resolve().parent
 
@@ -79,7 +79,7 @@ def write(results: Path) -> Path:
     import datetime as dt
     files = sorted(results.glob("*.json"))
     md += ["Measured (file modification time, UTC): " + ", ".join(
-        f"`{f.name}` {dt.datetime.fromtimestamp(f.stat().st_mtime, dt.timezone.utc):%Y-%m-%d %H:%M}" for f in files) + ".", ""]
+        f"`{f.name}` {dt.datetime.fromtimestamp(f.stat().st_mtime, dt.UTC):%Y-%m-%d %H:%M}" for f in files) + ".", ""]
     comp, caps, leases = _load(results, "compare"), _load(results, "caps"), _load(results, "leases")
     ttl, mem, fleet, sat = (_load(results, n) for n in ("ttl", "memory", "fleet", "saturation"))
     if comp:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import sweep  # noqa: E402
+import sweep
 
 FULL = ("compare", "saturation", "caps", "leases", "ttl", "memory", "fleet")
 

@@ -29,8 +29,8 @@ import sqlalchemy as sa
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import metrics  # noqa: E402
-import workload as wl  # noqa: E402
+import metrics
+import workload as wl
 
 PLUGINS_DIR = str(HERE / "plugins")
 POSTGRES_URL = os.environ.get("MJSCHED_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -66,8 +66,8 @@ def _epoch(value) -> float | None:
 
 def read_runs(url: str, specs: list[dict]) -> tuple[list[dict], int]:
     """(runs as :mod:`metrics` dicts, total skipped_count) from the database at ``url``."""
-    from mjsched_isolated.store.schema import jobs, runs
     from mjsched_isolated.store import Store
+    from mjsched_isolated.store.schema import jobs, runs
     kinds = {s["name"]: s["kind"] for s in specs}
     store = Store.open(url)
     try:

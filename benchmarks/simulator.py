@@ -43,12 +43,12 @@ import msgspec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import metrics  # noqa: E402
-import workload as wl  # noqa: E402
+import metrics
+import workload as wl
 
-from mjsched_isolated import cron, planner  # noqa: E402
+from mjsched_isolated import cron, planner
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 INF = float("inf")
 FINISH, SLOT_BACK, DIE, RESTART, RELEASE = range(5)
 

@@ -33,12 +33,12 @@ import msgspec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import apsched  # noqa: E402
-import metrics  # noqa: E402
-import rawdb  # noqa: E402
-import runner  # noqa: E402
-import simulator  # noqa: E402
-import workload as wl  # noqa: E402
+import apsched
+import metrics
+import rawdb
+import runner
+import simulator
+import workload as wl
 
 WL = HERE / "workloads"
 

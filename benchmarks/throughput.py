@@ -61,10 +61,10 @@ import sqlalchemy as sa
 
 from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings
-from mjsched_isolated.supervisor.pool import Pool
-from mjsched_isolated.store.schema import jobs, runs
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.schema import jobs, runs
 from mjsched_isolated.supervisor import Supervisor, utcnow
+from mjsched_isolated.supervisor.pool import Pool
 
 PLUGINS_DIR = str(Path(__file__).resolve().parent / "plugins")
 CRON_ONCE = "0 0 1 1 *"  # next occurrence after a claim is months away: each job runs once

@@ -32,7 +32,7 @@ class JsonFormatter(logging.Formatter):
         self.worker_pid = worker_pid
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds")
+        ts = dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")
         line: dict = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname, "logger": record.name,
                       "event": record.getMessage()}
         job, run_id = getattr(record, "job", None), getattr(record, "run_id", None)

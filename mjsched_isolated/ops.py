@@ -33,8 +33,7 @@ from mjsched_isolated.errors import (
 )
 from mjsched_isolated.jobspec import JobSpec
 from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
-from mjsched_isolated.store import migrate
-from mjsched_isolated.store import Store
+from mjsched_isolated.store import Store, migrate
 from mjsched_isolated.store.migrate import SchemaError
 from mjsched_isolated.supervisor.inspection import inspect_plugins
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections import deque
 from typing import Any
 
 import msgspec

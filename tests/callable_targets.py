@@ -26,7 +26,7 @@ def returns_none():
 
 
 def returns_datetime():
-    return dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    return dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 def returns_nan():

@@ -41,7 +41,7 @@ def _server_or_skip(url: str) -> sa.engine.Engine:
     try:
         with engine.connect():
             pass
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         engine.dispose()
         message = f"database server {url} unreachable: {str(exc).splitlines()[0]}"
         if REQUIRE_SERVERS:

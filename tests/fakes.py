@@ -26,11 +26,10 @@ import sqlalchemy as sa
 from sqlalchemy.pool import StaticPool
 
 from mjsched_isolated import protocol
-from mjsched_isolated.store import migrate
-from mjsched_isolated.store import Store
+from mjsched_isolated.store import Store, migrate
 from mjsched_isolated.supervisor.pool import ChildEvent
-from mjsched_isolated.worker.loader import Registry, load_plugins
 from mjsched_isolated.worker.execute import run as execute_run
+from mjsched_isolated.worker.loader import Registry, load_plugins
 
 FAKE_PID_BASE = 10_000_000  # above Linux's pid_max (2**22): a fake pid can never name a real process
 _pids = itertools.count(FAKE_PID_BASE)

@@ -8,11 +8,11 @@ import msgspec
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import metrics  # noqa: E402
-import simulator  # noqa: E402
-import workload as wl  # noqa: E402
+import metrics
+import simulator
+import workload as wl
 
-from mjsched_isolated import planner  # noqa: E402
+from mjsched_isolated import planner
 
 
 @pytest.mark.timeout(10)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mjsched_isolated import cron, cronshow
 from mjsched_isolated.errors import CronError
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 MINUTE = dt.timedelta(minutes=1)
 SECOND = dt.timedelta(seconds=1)
 
@@ -48,7 +48,7 @@ def _field_values(text: str, lo: int, hi: int) -> set[int]:
     return values
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _matcher(expr: str):
     fields = expr.split()
     if len(fields) == 5:

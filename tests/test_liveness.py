@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from mjsched_isolated.supervisor.liveness import Liveness
 from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.liveness import Liveness
 
 
 class SlowStore(Store):

@@ -7,9 +7,9 @@ import sys
 import time
 
 import pytest
+from plugin_helpers import load_plugin, make_context, run_job
 
 from mjsched_isolated.errors import ConfigurationError
-from plugin_helpers import load_plugin, make_context, run_job
 
 FileRetentionJob = load_plugin("file_retention")
 DAY = 86400

@@ -7,9 +7,9 @@ import socket
 import threading
 
 import pytest
+from plugin_helpers import load_plugin, make_context, run_job
 
 from mjsched_isolated.errors import ConfigurationError
-from plugin_helpers import load_plugin, make_context, run_job
 
 HttpCheckJob = load_plugin("http_check")
 
@@ -196,7 +196,7 @@ def test_slowly_dripping_body_is_abandoned_at_timeout_s():
     import time as _time
 
     class Drip(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Length", "100000")
             self.end_headers()

@@ -6,9 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from plugin_helpers import load_plugin, make_context, run_job
 
 from mjsched_isolated.errors import ConfigurationError
-from plugin_helpers import load_plugin, make_context, run_job
 
 PythonCallableJob = load_plugin("python_callable")
 TESTS_DIR = str(Path(__file__).resolve().parent)

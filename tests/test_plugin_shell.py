@@ -9,9 +9,9 @@ import time
 
 import psutil
 import pytest
+from plugin_helpers import load_plugin, make_context, run_job
 
 from mjsched_isolated.errors import ConfigurationError
-from plugin_helpers import load_plugin, make_context, run_job
 
 ShellJob = load_plugin("shell")
 

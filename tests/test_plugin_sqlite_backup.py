@@ -7,9 +7,9 @@ import sqlite3
 import sys
 
 import pytest
+from plugin_helpers import load_plugin, make_context, run_job
 
 from mjsched_isolated.errors import ConfigurationError
-from plugin_helpers import load_plugin, make_context, run_job
 
 SqliteBackupJob = load_plugin("sqlite_backup")
 NAME = re.compile(r"^app-\d{8}T\d{12}Z\.db$")

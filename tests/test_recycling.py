@@ -7,13 +7,13 @@ import json
 import logging
 
 import pytest
-
 from conftest import add_job, wait_gone
+
 from mjsched_isolated.config import Recycling
 from mjsched_isolated.store import Store
 
 YEARLY = "0 0 1 1 *"  # the schedule never fires during a test: each run is requested with queue_now
-LATER = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
+LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
 
 
 def _run_n(driver, store: Store, job: dict, n: int) -> list[dict]:

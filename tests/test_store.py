@@ -1067,7 +1067,7 @@ def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, backend_
             own.db_now()  # connect before the barrier, so the claims really race
             barrier.wait()
             results[i] = _claim(own, job, instance=f"inst-{i}", take_lease=take_lease)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             own.close()
@@ -1110,7 +1110,7 @@ def test_racing_claims_of_a_new_occurrence_while_lease_is_live_all_lose(any_stor
             own.db_now()
             barrier.wait()
             results[i] = _claim(own, job, instance=f"inst-{i}")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
         finally:
             own.close()

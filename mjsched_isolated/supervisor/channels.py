@@ -55,7 +55,7 @@ def _json_field(raw: Any) -> Any:
 
 
 def _iso(when: dt.datetime | None) -> str | None:
-    return when.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z") if when else None
+    return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if when else None
 
 
 def _scrub(text: str, secrets: tuple[str | None, ...]) -> str:

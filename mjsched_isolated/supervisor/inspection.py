@@ -6,7 +6,8 @@ Used by the CLI: ``plugins list`` and the configuration checks of ``jobs add`` /
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import WorkerError

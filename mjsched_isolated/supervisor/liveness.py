@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store

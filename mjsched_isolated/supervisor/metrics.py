@@ -21,8 +21,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from mjsched_isolated.errors import InputError
 
@@ -174,7 +174,7 @@ class PrometheusMetrics(Metrics):
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 metrics._handle(self)
 
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - scrapes are not logged

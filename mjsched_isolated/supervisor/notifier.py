@@ -27,13 +27,13 @@ import logging
 import random
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from mjsched_isolated.supervisor import channels as channels_mod
-from mjsched_isolated.supervisor.channels import Channel, DeliveryError
 from mjsched_isolated.config import Notifications
 from mjsched_isolated.errors import first_line
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor import channels as channels_mod
+from mjsched_isolated.supervisor.channels import Channel, DeliveryError
 
 log = logging.getLogger("mjsched.notifier")
 
@@ -72,7 +72,7 @@ class Notifier:
         self._threads: list[threading.Thread] = []
         self.delivered = 0
 
-    def start(self) -> "Notifier":
+    def start(self) -> Notifier:
         """One daemon thread per configured channel (none when no channel is configured)."""
         if not self._threads:
             for name in self.channels:
@@ -162,5 +162,5 @@ class Notifier:
         if self.on_delivery_failure is not None:
             try:
                 self.on_delivery_failure(row["channel"])
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.debug("on_delivery_failure callback raised", exc_info=True)

@@ -17,15 +17,17 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from mjsched_isolated.worker import main as child
+
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import ProtocolError
 from mjsched_isolated.proctree import kill_tree
 from mjsched_isolated.supervisor.recycling import recycle_reason
+from mjsched_isolated.worker import main as child
 
 if TYPE_CHECKING:
     from mjsched_isolated.config import Settings
@@ -112,7 +114,7 @@ class Pool:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
-                      log_level: int | None = None) -> "Pool":
+                      log_level: int | None = None) -> Pool:
         """The one way a pool is built from :class:`~mjsched_isolated.config.Settings`: every setting that
         concerns workers (plugins folder, import and ready timeouts, recycling, log format) is applied, so
         ``serve``, ``jobs run`` and the CLI's plugin checks load plugins alike. ``size`` defaults to

@@ -21,8 +21,8 @@ MAX_RUN_FOR_S = 10 * 365 * 86400
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from mjsched_isolated.supervisor import metrics as metrics_mod  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor import Supervisor  # noqa: PLC0415 - loaded only where needed
+    from mjsched_isolated.supervisor import metrics as metrics_mod  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
     settings: config.Settings = args.settings
