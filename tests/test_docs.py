@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mjsched_isolated import BaseScheduledJob, JobContext, ScheduledJobResult
+from mjsched_isolated import JobContext, ScheduledJobResult
 from mjsched_isolated.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,11 +57,6 @@ def test_ci_runs_the_readmes_install_and_test_commands() -> None:
 
 
 # --- the plugin example of docs/plugins/writing.md ----------------------------------------------------
-
-GENERIC = hasattr(BaseScheduledJob, "__class_getitem__") and hasattr(JobContext, "__class_getitem__")
-needs_generics = pytest.mark.xfail(
-    not GENERIC, reason="BaseScheduledJob[Config] lands with the worker's typing change", strict=True)
-
 
 def example_module() -> types.ModuleType:
     """The first Python block under "## An example" in the plugin guide, executed as a module."""
@@ -117,14 +112,12 @@ def run_example(url: str, retries: int) -> tuple[ScheduledJobResult, int]:
     return result, len(beats)
 
 
-@needs_generics
 def test_plugin_example_succeeds_with_no_retries(server_url: str) -> None:
     result, beats = run_example(server_url, retries=0)
     assert result.success and result.details == {"attempts": 1, "status": 200}
     assert beats == 1
 
 
-@needs_generics
 @pytest.mark.parametrize("retries", [0, 2])
 def test_plugin_example_fails_after_the_first_try_and_its_retries(closed_url: str, retries: int) -> None:
     result, beats = run_example(closed_url, retries=retries)
@@ -133,7 +126,6 @@ def test_plugin_example_fails_after_the_first_try_and_its_retries(closed_url: st
     assert beats == retries + 1
 
 
-@needs_generics
 def test_plugin_example_refuses_negative_retries() -> None:
     plugin = example_module().Ping()
     with pytest.raises(ConfigurationError, match=r"^configuration\.retries: must be >= 0$"):

@@ -7,9 +7,8 @@ the site, and a CLI reference generated from the parser.
   one is rewritten to where its target landed, or to the file on ``repo_url`` when the target is a
   repository file that is not part of the site (LICENSE, a plugin module). A link whose target does not
   exist is left as it is, so ``mkdocs build --strict`` reports it: links cannot rot.
-* ``reference/cli.md`` is generated from ``build_parser()`` (``mjsched_isolated.cli.parser``, else
-  ``mjsched_isolated.cli.app``), so the reference is the parser's own help and cannot drift from it.
-* ``python-api.md`` (the Client guide) gets a placeholder page while it does not exist.
+* ``reference/cli.md`` is generated from ``mjsched_isolated.cli.parser.build_parser()``, so the
+  reference is the parser's own help and cannot drift from it.
 * Docstrings' reST roles (``:class:`Client```) are rendered as plain code.
 """
 
@@ -46,20 +45,11 @@ ROLE = re.compile(r":(?:class|func|meth|attr|exc|mod|data|obj):(?=<code>)")
 LINK = re.compile(r"(!?\[[^\]\n]*\]\()([^)\s]+)(\))")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
-PLACEHOLDER = """# Python API guide
-
-The guide to `mjsched_isolated.Client` (add, update, pause, resume, remove and run jobs from Python) lands
-with the client. Until then, see the [Python API reference](reference/api.md).
-"""
-
-
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """Add the included repository files, the generated CLI reference and, if needed, the placeholder."""
+    """Add the included repository files and the generated CLI reference."""
     for repo_path, site_path in INCLUDED.items():
         files.append(File.generated(config, site_path, abs_src_path=str(REPO / repo_path)))
     files.append(File.generated(config, "reference/cli.md", content=cli_reference()))
-    if files.get_file_from_path("python-api.md") is None:
-        files.append(File.generated(config, "python-api.md", content=PLACEHOLDER))
     return files
 
 
@@ -102,13 +92,8 @@ def site_link(target: str, origin: str, src_uri: str, repo_url: str | None) -> s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI's parser, from ``mjsched_isolated.cli.parser`` (or ``cli.app`` before that module exists)."""
-    try:
-        module = importlib.import_module("mjsched_isolated.cli.parser")
-    except ModuleNotFoundError as exc:
-        if exc.name != "mjsched_isolated.cli.parser":
-            raise
-        module = importlib.import_module("mjsched_isolated.cli.app")
+    """The CLI's parser, from ``mjsched_isolated.cli.parser``."""
+    module = importlib.import_module("mjsched_isolated.cli.parser")
     built: argparse.ArgumentParser = module.build_parser()
     return built
 
