@@ -39,7 +39,7 @@ class Serve:
         """The lines :meth:`wait_for` has consumed."""
         return self.log_lines.consumed
 
-    def wait_for(self, pattern: str, timeout_s: float = 20.0, *, seen: bool = False) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout_s: float = 30.0, *, seen: bool = False) -> re.Match[str]:
         """The next log line matching ``pattern`` (or, with ``seen``, also one already consumed), waiting
         at most ``timeout_s`` in all; fails the test with the log's tail otherwise."""
         return self.log_lines.wait_for(pattern, timeout_s, seen=seen)
