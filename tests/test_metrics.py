@@ -165,7 +165,7 @@ def test_healthz_is_503_naming_the_database_while_it_is_unreachable(tmp_path, se
             assert status == 200, body
 
             proxy.cut()
-            s.wait_for(r"lease renewal failed", 15)
+            s.wait_for(r"lease renewal failed", 30)
             status, body = get(port, "/healthz")
             assert status == 503
             health = json.loads(body)
@@ -173,7 +173,7 @@ def test_healthz_is_503_naming_the_database_while_it_is_unreachable(tmp_path, se
             assert value(scrape(port), "mjsched_lease_renewal_failures_total") >= 1
 
             proxy.restore()
-            s.wait_for(r"lease renewed again", 15)
+            s.wait_for(r"lease renewed again", 30)
             status, body = get(port, "/healthz")
             assert status == 200, body
             s.proc.send_signal(signal.SIGTERM)

@@ -181,7 +181,7 @@ def _restart_under_load(store: Store, url: str, ttl_s: float, renew_s: float) ->
     sups = [Serve(url, *args) for _ in range(2)]
     try:
         for s in sups:
-            s.wait_for(r"run \d+ started: job ", timeout_s=20)
+            s.wait_for(r"run \d+ started: job ", timeout_s=30)
 
         sleep_ids = {store.get_job(f"sleep-{i}")["id"] for i in range(4)}
 
@@ -276,7 +276,7 @@ def test_partitioned_supervisor_fences_its_runs_and_another_takes_over(tmp_path)
             add_job(store, "long", "hang", "* * * * * *", configuration=json.dumps({"marker_dir": str(tmp_path)}))
             a = Serve(url_a, *lease_args)
             sups.append(a)
-            started = a.wait_for(r"run (\d+) started: job long .* on worker (\d+)", timeout_s=20)
+            started = a.wait_for(r"run (\d+) started: job long .* on worker (\d+)", timeout_s=30)
             run_id, worker = int(started.group(1)), int(started.group(2))
             grandchild = int(a.wait_for(rf"hang: run {run_id} grandchild (\d+)", timeout_s=10, seen=True).group(1))
             b = Serve(url, *lease_args)
