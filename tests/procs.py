@@ -2,70 +2,78 @@
 
 from __future__ import annotations
 
-import queue
+import contextlib
 import re
 import subprocess
 import sys
-import threading
-import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-
 from conftest import FIXTURE_PLUGINS
+from waiting import LogLines
+
+READY = r"job types available"  # logged once the first worker has loaded the plugins: the loop is going
 
 
 class Serve:
-    """A ``serve`` subprocess whose log lines are collected by a reader thread."""
+    """A ``python -m mjsched_isolated serve`` subprocess (stdout and stderr on one pipe) whose log lines
+    are collected by a reader thread (:class:`waiting.LogLines`)."""
 
-    def __init__(self, db_url: str, *args: str, cwd: Path | None = None, plugins: str = FIXTURE_PLUGINS) -> None:
+    def __init__(self, db_url: str, *args: str, cwd: Path | None = None, plugins: str = FIXTURE_PLUGINS,
+                 env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins", plugins, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []  # lines consumed by wait_for
-        self.output: list[str] = []  # every line, in order
-        threading.Thread(target=self._read, daemon=True).start()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                                     env=env)
+        assert self.proc.stdout is not None
+        self.log_lines = LogLines(self.proc.stdout)
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
+    @property
+    def output(self) -> list[str]:
+        """Every line logged so far, in order."""
+        return self.log_lines.output
 
-    def wait_for(self, pattern: str, timeout_s: float = 20.0, *, seen: bool = False) -> re.Match:
+    @property
+    def log(self) -> list[str]:
+        """The lines :meth:`wait_for` has consumed."""
+        return self.log_lines.consumed
+
+    def wait_for(self, pattern: str, timeout_s: float = 30.0, *, seen: bool = False) -> re.Match[str]:
         """The next log line matching ``pattern`` (or, with ``seen``, also one already consumed), waiting
-        at most ``timeout_s`` in all."""
-        regex = re.compile(pattern)
-        if seen:
-            for line in self.log:
-                if match := regex.search(line):
-                    return match
-        give_up = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, give_up - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no log line matching {pattern!r} within {timeout_s} s; log so far:\n{''.join(self.log)}")
-            self.log.append(line)
-            match = regex.search(line)
-            if match:
-                return match
+        at most ``timeout_s`` in all; fails the test with the log's tail otherwise."""
+        return self.log_lines.wait_for(pattern, timeout_s, seen=seen)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the supervisor has a worker with the plugins loaded (its loop is going)."""
+        self.wait_for(READY, timeout_s)
 
     def stop(self) -> None:
+        """SIGKILL the supervisor if it still runs (its workers' watchdogs take them down) and reap it."""
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+        self.proc.wait(10)
 
 
-@pytest.fixture
-def serve_factory():
-    """``start(db_url, *args, **kw)`` starts a :class:`Serve`; every one started is stopped after the test."""
+@contextlib.contextmanager
+def serves() -> Iterator[Callable[..., Serve]]:
+    """``start(db_url, *args, **kw)`` starts a :class:`Serve`; every one started is stopped on leaving."""
     made: list[Serve] = []
 
-    def start(db_url: str, *args: str, **kw) -> Serve:
+    def start(db_url: str, *args: str, **kw: Any) -> Serve:
         s = Serve(db_url, *args, **kw)
         made.append(s)
         return s
 
-    yield start
-    for s in made:
-        s.stop()
+    try:
+        yield start
+    finally:
+        for s in made:
+            s.stop()
+
+
+@pytest.fixture
+def serve_factory() -> Iterator[Callable[..., Serve]]:
+    """:func:`serves` as a fixture: every ``serve`` a test starts is stopped after it."""
+    with serves() as start:
+        yield start

@@ -11,25 +11,26 @@ import json
 import signal
 import socket
 import subprocess
-from pathlib import Path
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from conftest import FIXTURE_PLUGINS, add_job, isolated_database
+from procs import serves
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FIXTURE_PLUGINS, add_job, isolated_database
-from mjsched_isolated.supervisor.metrics import PrometheusMetrics
 from mjsched_isolated.store import Store
-from procs import Serve, serve_factory  # noqa: F401 - serve_factory is a fixture
+from mjsched_isolated.supervisor.metrics import PrometheusMetrics
 
 METRICS_LINE = r"metrics on http://127\.0\.0\.1:(\d+)/metrics"
 
 
 @pytest.fixture
-def serve(serve_factory):
-    return serve_factory
+def serve():
+    with serves() as start:
+        yield start
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -135,6 +136,7 @@ class Proxy:
                 pass
 
     def cut(self) -> None:
+        assert self.listener is not None
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
         self.listener.close()
         with self.lock:
@@ -163,7 +165,7 @@ def test_healthz_is_503_naming_the_database_while_it_is_unreachable(tmp_path, se
             assert status == 200, body
 
             proxy.cut()
-            s.wait_for(r"lease renewal failed", 15)
+            s.wait_for(r"lease renewal failed", 30)
             status, body = get(port, "/healthz")
             assert status == 503
             health = json.loads(body)
@@ -171,7 +173,7 @@ def test_healthz_is_503_naming_the_database_while_it_is_unreachable(tmp_path, se
             assert value(scrape(port), "mjsched_lease_renewal_failures_total") >= 1
 
             proxy.restore()
-            s.wait_for(r"lease renewed again", 15)
+            s.wait_for(r"lease renewed again", 30)
             status, body = get(port, "/healthz")
             assert status == 200, body
             s.proc.send_signal(signal.SIGTERM)
@@ -200,19 +202,21 @@ def test_healthz_reports_a_stalled_loop_after_stall_after_s_plus_one_rescan_inte
 
 @pytest.mark.timeout(30)
 def test_a_metrics_port_that_cannot_be_bound_is_bad_input(db_url):
+    serve = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins", FIXTURE_PLUGINS]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins",
-                               FIXTURE_PLUGINS, "--metrics-port", str(port)], capture_output=True, text=True, timeout=25)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
-    assert done.stderr.startswith("error: metrics.port: cannot listen on 127.0.0.1:")
+        # both refusals at once: two cold interpreters cost a loaded machine seconds each
+        procs = [subprocess.Popen([*serve, "--metrics-port", str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for p in (port, 70000)]
+        (_, taken_err), (_, range_err) = (p.communicate(timeout=25) for p in procs)
+    bound, out_of_range = procs
+    assert bound.returncode == 2
+    assert taken_err.strip().splitlines() == [taken_err.strip()]  # one line
+    assert taken_err.startswith("error: metrics.port: cannot listen on 127.0.0.1:")
     assert not Path(db_url.removeprefix("sqlite:///")).exists()  # refused before anything was written
-    done = subprocess.run([sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins",
-                           FIXTURE_PLUGINS, "--metrics-port", "70000"], capture_output=True, text=True, timeout=25)
-    assert done.returncode == 2 and "metrics.port" in done.stderr
+    assert out_of_range.returncode == 2 and "metrics.port" in range_err
 
 
 CHATTY = '''
@@ -234,7 +238,7 @@ def test_json_logs_one_object_per_line_with_job_and_run_id(store, db_url, serve,
     plugins.mkdir()
     (plugins / "chatty.py").write_text(CHATTY)
     add_job(store, "talk", "chatty", "0 0 1 1 *")
-    s = serve(db_url, "--log-format", "json", plugins=str(plugins))
+    s = serve(db_url, "--log-format", "json", "--max-concurrent-jobs", "1", plugins=str(plugins))
     run_id = int(s.wait_for(r'"event": "run (\d+) finished: job talk Completed').group(1))
     s.proc.send_signal(signal.SIGTERM)
     s.wait_for(r'"event": "supervisor \S+ stopped"')

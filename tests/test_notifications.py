@@ -13,22 +13,23 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
-
 from conftest import add_job, isolated_database
 from procs import Serve
+from waiting import wait_until
+
 from mjsched_isolated import notices
-from mjsched_isolated.supervisor.channels import DeliveryError, SmtpChannel, WebhookPost
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
-from mjsched_isolated.supervisor.notifier import Notifier, backoff_s
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.channels import DeliveryError, SmtpChannel, WebhookPost
 from mjsched_isolated.supervisor.clock import utcnow
+from mjsched_isolated.supervisor.notifier import Notifier, backoff_s
 
 SECRET = "s3cr3t-hmac-key"
 PASSWORD = "hunter2-smtp-pass"
@@ -38,15 +39,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_until(cond, timeout_s: float = 10.0, what: str = "condition"):
-    give_up = time.monotonic() + timeout_s
-    while not (value := cond()):
-        if time.monotonic() >= give_up:
-            pytest.fail(f"{what} not met within {timeout_s} s")
-        time.sleep(0.02)  # bounded polling of the database
-    return value
 
 
 # -- real servers -----------------------------------------------------------------------------------
@@ -60,7 +52,7 @@ class WebhookServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 received.put((dict(self.headers), body))
                 self.send_response(outer.status)
@@ -84,7 +76,7 @@ class Inbox:
     def __init__(self) -> None:
         self.messages: queue.Queue = queue.Queue()
 
-    async def handle_DATA(self, server, session, envelope):  # noqa: N802
+    async def handle_DATA(self, server, session, envelope):
         import email
 
         self.messages.put((list(envelope.rcpt_tos), email.message_from_bytes(envelope.content), session))
@@ -103,9 +95,9 @@ def _authenticator(server, session, envelope, mechanism, auth_data):
     return AuthResult(success=ok)
 
 
-ROW = dict(id=1, channel="email", event="Failure", job_id=7, job_name="nightly", run_id=42, subject="nightly failed",
-           body="Run 42 failed: disk full", priority="High", recipients=None, details='{"status": "Failed"}',
-           created_at=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc), attempts=1)
+ROW = {"id": 1, "channel": "email", "event": "Failure", "job_id": 7, "job_name": "nightly", "run_id": 42,
+       "subject": "nightly failed", "body": "Run 42 failed: disk full", "priority": "High", "recipients": None,
+       "details": '{"status": "Failed"}', "created_at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "attempts": 1}
 
 
 # -- channels ----------------------------------------------------------------------------------------
@@ -217,8 +209,9 @@ def test_outbox_rows_are_written_in_the_finish_run_transaction(any_store: Store)
     job = add_job(store, "j", "fail", "0 0 1 1 *", now=now)
     claim = store.claim(job, now=now, next_run_at=now + dt.timedelta(hours=1), instance="me", lease_s=60,
                         deadline_at=now + dt.timedelta(minutes=5), scheduled_at=job["next_run_at"])
+    assert claim is not None
     bad = _notice_rows(job, claim.run_id) + [{**_notice_rows(job, claim.run_id)[0], "event": "Bogus"}]
-    with pytest.raises(Exception):  # the CHECK constraint rejects the last row: the whole transaction goes
+    with pytest.raises(sa.exc.DBAPIError):  # the CHECK constraint rejects the last row: the whole transaction goes
         store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Failed", success=False,
                          error_message="x", details=None, duration_ms=1.0, notices=bad)
     assert store.get_run(claim.run_id)["status"] == "Running"
@@ -236,7 +229,7 @@ def test_outbox_rows_are_written_in_the_finish_run_transaction(any_store: Store)
     assert len(store.list_notifications()) == 2
     # a claim is one conditional UPDATE: the second claimant loses; settling needs the claim
     first = rows[0]["id"]
-    assert store.claim_notification(first, "a", 60)["attempts"] == 1
+    assert (store.claim_notification(first, "a", 60) or {})["attempts"] == 1
     assert store.claim_notification(first, "b", 60) is None
     assert not store.notification_sent(first, "b")
     assert store.notification_sent(first, "a")
@@ -279,7 +272,7 @@ def test_two_senders_racing_on_postgresql_deliver_each_row_once(tmp_path: Path):
             wait_until(lambda: len(stores[0].list_notifications(status="Sent")) == 60, 30, "all rows Sent")
             for sender in senders:
                 assert sender.stop(5)
-            seen = collections.Counter()
+            seen: collections.Counter[int] = collections.Counter()
             while not server.received.empty():
                 seen[json.loads(server.received.get()[1])["run_id"]] += 1
             assert seen == collections.Counter(range(60))  # every row exactly once
@@ -380,7 +373,7 @@ def test_a_failing_job_emails_and_a_webhook_notice_survives_a_restart(store: Sto
                        "MAX_ATTEMPTS": "1000"}.items():
         monkeypatch.setenv(f"MJSCHED_NOTIFICATIONS_{key}", value)
     add_job(store, "broken", "fail", "0 0 1 1 *")
-    first = Serve(db_url, "--lease-ttl-s", "3", "--lease-renew-interval-s", "1")
+    first = Serve(db_url, "--lease-ttl-s", "3", "--lease-renew-interval-s", "1", "--max-concurrent-jobs", "1")
     server = None
     try:
         first.wait_for(r"run \d+ finished: job broken Failed", 30)
@@ -395,7 +388,7 @@ def test_a_failing_job_emails_and_a_webhook_notice_survives_a_restart(store: Sto
         assert hook["status"] == "Pending" and "Connection refused" in hook["last_error"]
         assert SECRET not in "".join(first.output)
         server = WebhookServer(port=hook_port)
-        second = Serve(db_url, "--lease-ttl-s", "3", "--lease-renew-interval-s", "1")
+        second = Serve(db_url, "--lease-ttl-s", "3", "--lease-renew-interval-s", "1", "--max-concurrent-jobs", "1")
         try:
             headers, body = server.received.get(timeout=20)
             assert json.loads(body)["job"] == "broken" and json.loads(body)["event"] == "Failure"
@@ -519,6 +512,7 @@ def test_long_texts_fit_every_database_and_the_failure_notice_survives(any_store
     job = add_job(store, "wordy", "fail", "0 0 1 1 *", now=now)
     claim = store.claim(job, now=now, next_run_at=now + dt.timedelta(hours=1), instance="me", lease_s=60,
                         deadline_at=now + dt.timedelta(minutes=1), take_lease=True, scheduled_at=job["next_run_at"])
+    assert claim is not None
     body = "é" * 40_000
     rows = notices.outbox_rows(notices.Notice(event="Failure", job_id=job["id"], job_name="wordy", run_id=claim.run_id,
                                               subject="s" * 5000, body=body, priority="High"), ("log",))

@@ -5,26 +5,32 @@ The tests read the server's log through its stderr pipe and wait for lines, with
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 import pytest
-
-from conftest import add_job, wait_gone
-from procs import Serve, serve_factory  # noqa: F401 - serve_factory is a fixture
+from conftest import add_job
+from procs import serves
+from waiting import LogLines, wait_gone, wait_until
 
 
 @pytest.fixture
-def serve(db_url, serve_factory):
-    return functools.partial(serve_factory, db_url)
+def serve(db_url):
+    """``serve(*args)`` on the test's database, with one worker unless the test asks for more (each spawned
+    worker costs a loaded machine a second or more); all stopped after the test."""
+    with serves() as start:
+        def one_worker(*args: str, **kw):
+            if "--max-concurrent-jobs" not in args:
+                args = ("--max-concurrent-jobs", "1", *args)
+            return start(db_url, *args, **kw)
+
+        yield one_worker
 
 
 def test_sigterm_drains_the_running_job_then_exits_0(store, serve):
@@ -55,7 +61,7 @@ def test_shutdown_timeout_cancels_what_is_left(store, serve, tmp_path):
 def test_the_liveness_lease_is_renewed_while_draining(store, serve):
     """A drain longer than the lease TTL: the supervisor must keep renewing, or the workers' watchdogs
     fence (SIGKILL) runs that the shutdown timeout allows to finish."""
-    add_job(store, "long", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 4.0}))
+    add_job(store, "long", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 3.0}))  # 2 x TTL
     s = serve("--lease-ttl-s", "1.5", "--lease-renew-interval-s", "0.4", "--shutdown-timeout-s", "60")
     run_id = int(s.wait_for(r"run (\d+) started: job long").group(1))
     s.proc.send_signal(signal.SIGTERM)
@@ -68,7 +74,7 @@ def test_the_liveness_lease_is_renewed_while_draining(store, serve):
 def test_sigterm_to_the_whole_process_tree_still_drains(store, serve):
     """systemd's default KillMode=control-group sends SIGTERM to every process of the service: workers
     must leave the decision to the supervisor, which lets the run finish."""
-    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 2.0}))
+    add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 1.0}))
     s = serve("--shutdown-timeout-s", "60")
     run_id = int(s.wait_for(r"run (\d+) started: job slow").group(1))
     tree = [psutil.Process(s.proc.pid), *psutil.Process(s.proc.pid).children(recursive=True)]
@@ -92,7 +98,7 @@ def test_second_signal_kills_at_once(store, serve, tmp_path):
 
 def test_run_for_stops_by_itself(store, serve):
     add_job(store, "tick", "ok", "* * * * * *")
-    s = serve("--run-for", "6")  # long enough for a loaded machine to spawn its workers
+    s = serve("--run-for", "4")  # long enough for a loaded machine to spawn its one worker
     s.wait_for(r"run \d+ finished: job tick Completed", timeout_s=30)
     assert s.proc.wait(30) == 0
     assert store.get_job("tick")["success_count"] >= 1
@@ -117,21 +123,17 @@ def test_fresh_serve_runs_the_sample_jobs(tmp_path):
                             cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                             env={k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")})
     try:
-        waiting, seen = {"backup-scheduler-db", "prune-old-backups", "disk-usage"}, []
-        timer = threading.Timer(60, proc.kill)  # bounds the read loop below on a stuck server
-        timer.start()
-        for line in proc.stderr:  # every run of the sample jobs is logged when it finishes
-            seen.append(line)
-            match = re.search(r"run \d+ finished: job (\S+) Completed in \d+ ms", line)
-            if match:
-                waiting.discard(match.group(1))
-            if not waiting:
-                break
-        timer.cancel()
-        assert not waiting, "".join(seen)
+        log = LogLines(proc.stderr)
+        samples = {"backup-scheduler-db", "prune-old-backups", "disk-usage"}
+
+        def finished() -> set[str]:  # every run of the sample jobs is logged when it finishes
+            return {m.group(1) for line in list(log.output)
+                    if (m := re.search(r"run \d+ finished: job (\S+) Completed in \d+ ms", line))}
+
+        wait_until(lambda: samples <= finished(), 45, f"runs of {sorted(samples)} Completed", interval_s=0.1,
+                   diagnostic=log.tail)
         proc.send_signal(signal.SIGTERM)
-        proc.stderr.read()
-        assert proc.wait(30) == 0
+        assert proc.wait(30) == 0, log.tail()
     finally:
         if proc.poll() is None:
             proc.kill()
