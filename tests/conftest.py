@@ -10,10 +10,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 import sqlalchemy as sa
 from fakes import FakePool, memory_store
+from waiting import wait_gone  # noqa: F401 - re-exported for the tests that import it from here
 
 from mjsched_isolated.config import Settings
 from mjsched_isolated.store import Store
@@ -100,28 +100,6 @@ def add_job(store: Store, name: str, job_type: str, cron: str = "* * * * * *", *
     store.add_job({"name": name, "job_type": job_type, "cron_expression": cron, "status": "Active",
                    "next_run_at": next_run_at or now, **values}, now)
     return store.get_job(name)
-
-
-def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
-    """Wait (bounded) until every pid has exited (a zombie counts as exited); return those still alive."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    give_up = time.monotonic() + timeout_s
-    while True:
-        alive = []
-        for proc in procs:
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() >= give_up:
-            return [p.pid for p in alive]
-        psutil.wait_procs(alive, timeout=0.05)
 
 
 class Driver:

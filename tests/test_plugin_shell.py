@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 from plugin_helpers import load_plugin, make_context, run_job
+from waiting import wait_gone
 
 from mjsched_isolated.errors import ConfigurationError
 
@@ -18,16 +19,7 @@ ShellJob = load_plugin("shell")
 
 def _wait_gone(pid: int, timeout_s: float = 3.0) -> bool:
     """True once ``pid`` no longer runs (gone, or a zombie waiting for its reaper), within ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        psutil.wait_procs([proc], timeout=0.1)
-    return False
+    return wait_gone([pid], timeout_s) == []
 
 
 def _read_pid(path) -> int:

@@ -15,12 +15,12 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from conftest import add_job
+from waiting import wait_until
 
 import mjsched_isolated.store
 from mjsched_isolated import planner
@@ -78,12 +78,8 @@ def _finish(store: Store, claim: Claim, job_id: int, *, success: bool = True, du
 
 def _wait_db_past(store: Store, when: dt.datetime, timeout_s: float = 5.0) -> dt.datetime:
     """Poll the database clock until it is strictly past ``when`` (bounded); return the DB time seen."""
-    give_up = time.monotonic() + timeout_s
-    while (db_now := store.db_now()) <= when:
-        if time.monotonic() > give_up:
-            pytest.fail(f"the database clock did not pass {when} within {timeout_s} s (at {db_now})")
-        time.sleep(0.002)  # a poll interval, not a synchronisation
-    return db_now
+    return wait_until(lambda: (now := store.db_now()) > when and now, timeout_s,
+                      f"the database clock past {when}", interval_s=0.002)
 
 
 def _wait_lease_expired(store: Store, job_name: str) -> None:
