@@ -34,7 +34,9 @@ def test_a_slow_renewal_does_not_move_a_good_offset(tmp_path):
     assert abs(first) < dt.timedelta(seconds=0.1)  # SQLite's clock is this machine's
     store.delay_s = 0.6
     assert lease.maintain(time.monotonic())
-    assert lease.db_offset == first  # the measurement cannot tell it apart: the estimate stays
+    # The slow answer widens the interval to 0.6 s; a midpoint estimate would move by ~0.3 s. The estimate
+    # may only be tightened by what the quick start of the measurement proves (a few ms under load).
+    assert abs(lease.db_offset - first) < dt.timedelta(seconds=0.1)
     store.close()
 
 
