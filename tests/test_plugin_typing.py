@@ -1,4 +1,4 @@
-"""Typed for plugin authors: the plugin-writing examples in mjsched_isolated/plugins/README.md type-check
+"""Typed for plugin authors: the plugin-writing examples in docs/plugins/writing.md type-check
 under mypy, a misspelt configuration field is a mypy error, and the examples run (``retries = 0``
 included, which raised UnboundLocalError in the old README example)."""
 
@@ -16,13 +16,13 @@ from plugin_helpers import run_job
 from mjsched_isolated.worker.loader import load_plugins
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "mjsched_isolated" / "plugins" / "README.md"
+GUIDE = ROOT / "docs" / "plugins" / "writing.md"
 
 
 def _examples() -> dict[str, str]:
-    """The python blocks of the README's "Writing your own plugin" section, by the job class they define."""
-    section = README.read_text().split("## Writing your own plugin", 1)[1]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    """The guide's python blocks that define a job class, by the class they define."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.DOTALL)
+              if re.search(r"^class \w+\(BaseScheduledJob", b, re.MULTILINE)]
     assert len(blocks) == 2, blocks
     return {re.search(r"^class (\w+)\(BaseScheduledJob", b, re.MULTILINE).group(1): b for b in blocks}  # type: ignore[union-attr]
 
@@ -48,20 +48,20 @@ def plugins(tmp_path_factory):
 
 def test_the_examples_type_check_and_a_misspelt_field_is_an_error(tmp_path):
     examples = _examples()
-    wrong = examples["Ping"].replace("cfg = context.configuration\n",
-                                     "cfg = context.configuration\n        print(context.configuration.urll)\n")
+    wrong = re.sub(r"^( +)(config = context.configuration.*)$", r"\1\2\n\1print(config.urll)", examples["Ping"],
+                   count=1, flags=re.MULTILINE)
     assert wrong != examples["Ping"]
     proc = _mypy(tmp_path, {"disk_usage.py": examples["DiskUsageJob"], "ping.py": examples["Ping"],
                             "ping_wrong.py": wrong})
     errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1, proc.stdout + proc.stderr  # the two README examples themselves are clean
     assert errors[0].startswith(str(tmp_path / "ping_wrong.py"))
-    assert '"PingConfig" has no attribute "urll"' in errors[0]
+    assert '"Config" has no attribute "urll"' in errors[0]
 
 
 def test_configuration_type_is_inferred_from_the_generic_parameter(plugins):
     ping = plugins["ping"]
-    assert ping.configuration_type is not None and ping.configuration_type.__name__ == "PingConfig"
+    assert ping.configuration_type is not None and ping.configuration_type.__name__ == "Config"
     assert ping.parse_configuration('{"url": "file:///x", "retries": 0}').retries == 0
 
 
@@ -71,7 +71,7 @@ def test_the_retrying_example_works_with_no_retries(plugins, tmp_path):
     up = run_job(plugins["ping"], {"url": target.as_uri(), "retries": 0})
     down = run_job(plugins["ping"], {"url": (tmp_path / "gone.txt").as_uri(), "retries": 0})
     retried = run_job(plugins["ping"], {"url": (tmp_path / "gone.txt").as_uri(), "retries": 2})
-    assert (up.success, up.details) == (True, {"attempts": 1})
+    assert (up.success, up.details["attempts"]) == (True, 1)
     assert (down.success, down.details) == (False, {"attempts": 1}) and "gone.txt" in down.error_message
     assert retried.details == {"attempts": 3}
     json.dumps(retried.details)

@@ -100,15 +100,18 @@ class Liveness:
 
     def _measure_offset(self, db_now: dt.datetime, local_before: dt.datetime, elapsed_s: float) -> None:
         """The database read ``db_now`` somewhere within the round trip, so the true offset lies in
-        ``[db_now - local_after, db_now - local_before]``. The estimate moves (to that interval's middle) only
-        when it falls outside: a slow renewal (a lock wait, a stalled server) widens the interval and leaves
-        a good estimate alone instead of shifting it by up to half the round trip, which the supervisor
-        would take for a clock jump. A real step of either clock moves it at the next renewal."""
+        ``[db_now - local_after, db_now - local_before]``. The first measurement takes that interval's
+        middle; later ones move the estimate only when it falls outside, and then only to the interval's
+        nearest bound (the smallest move the measurement proves). So a slow renewal (a lock wait, a stalled
+        server) widens the interval and leaves a good estimate alone instead of shifting it by up to half
+        the round trip, which the supervisor would take for a clock jump; a real step of either clock moves
+        it at the next renewal, to within that renewal's round trip."""
         latest = db_now - local_before  # the database read its clock no earlier than local_before
         earliest = latest - dt.timedelta(seconds=elapsed_s)
-        if self._offset_measured and earliest <= self.db_offset <= latest:
-            return
-        self.db_offset = earliest + (latest - earliest) / 2
+        if not self._offset_measured:
+            self.db_offset = earliest + (latest - earliest) / 2
+        elif not earliest <= self.db_offset <= latest:
+            self.db_offset = min(max(self.db_offset, earliest), latest)
         self._offset_measured = True
 
     def stop(self) -> None:
