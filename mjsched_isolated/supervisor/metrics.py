@@ -34,6 +34,12 @@ DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 9
 KILL_REASONS = ("deadline", "fence", "shutdown")
 
 
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    """The metrics server on an IPv6 ``host`` (a host with ``:``)."""
+
+    address_family = socket.AF_INET6
+
+
 class Metrics:
     """The hooks the supervisor, pool and liveness lease call. This base class records nothing: it is
     what a supervisor without ``metrics.port`` holds, so every call site stays a plain one-liner."""
@@ -180,18 +186,18 @@ class PrometheusMetrics(Metrics):
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - scrapes are not logged
                 pass
 
-        server_class = ThreadingHTTPServer
-        if ":" in self.host:
-            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        server_class = _ThreadingHTTPServer6 if ":" in self.host else ThreadingHTTPServer
         try:
             self._server = server_class((self.host, self.port), Handler)
         except OSError as exc:
-            raise InputError("metrics.port", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise InputError("metrics.port",
+                             f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         self._server.daemon_threads = True
-        self.address = self._server.server_address[:2]
+        bound_host, bound_port = self._server.server_address[:2]  # an IPv6 address has 4 fields
+        self.address = (str(bound_host), bound_port)  # str already: bytes are for AF_UNIX only
         threading.Thread(target=self._server.serve_forever, name="mjsched-metrics", daemon=True).start()
-        host = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
-        log.info("metrics on http://%s:%d/metrics (health: /healthz)", host, self.address[1])
+        shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
+        log.info("metrics on http://%s:%d/metrics (health: /healthz)", shown, self.address[1])
 
     def stop_server(self) -> None:
         if self._server is not None:

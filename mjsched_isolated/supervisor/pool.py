@@ -17,8 +17,9 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -42,7 +43,7 @@ RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
-    def __init__(self, slot: int, process: multiprocessing.Process, conn: Connection, started_mono: float) -> None:
+    def __init__(self, slot: int, process: BaseProcess, conn: Connection, started_mono: float) -> None:
         self.slot = slot
         self.process = process
         self.conn = conn
@@ -180,7 +181,7 @@ class Pool:
         protocol.send(worker.conn, request)
 
     # -- events ----------------------------------------------------------------------------------
-    def wait(self, timeout_s: float, extra: list[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
+    def wait(self, timeout_s: float, extra: Sequence[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
         """Block up to ``timeout_s`` for child messages, child deaths or a ready ``extra`` handle.
 
         Returns (child events, the ``extra`` handles that are ready). Also refills slots whose backoff
