@@ -36,7 +36,8 @@ CONCURRENCY_MODES = values(ConcurrencyMode)
 MISSED_RUN_POLICIES = values(MissedRunPolicy)
 
 
-SQLITE_EXACT_FORM = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
+SQLITE_EXACT_FORM = ("[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"  # GLOB: YYYY-MM-DD HH:MM:SS.ffffff
+                     " [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]")
 
 
 class _LenientSQLiteDateTime(sqlite.DATETIME):

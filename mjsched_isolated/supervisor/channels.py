@@ -105,7 +105,8 @@ class SmtpChannel:
         # one Message-ID per notice, the same on every attempt: delivery is at-least-once (a retry after a
         # lost reply, a claim that expired mid-delivery), and mail clients and servers drop the duplicate
         domain = self.config.sender.rpartition("@")[2] or "mjsched"
-        msg["Message-ID"] = f"<mjsched-notification-{row['id']}@{domain}>" if row.get("id") else make_msgid(domain=domain)
+        msg["Message-ID"] = (f"<mjsched-notification-{row['id']}@{domain}>" if row.get("id")
+                             else make_msgid(domain=domain))
         msg["X-Priority"] = _X_PRIORITY.get(row["priority"], "3 (Normal)")
         msg["X-Mjsched-Event"] = row["event"]
         body = row["body"]
@@ -161,9 +162,9 @@ class WebhookPost:
 
     def payload(self, row: NotificationRow) -> bytes:
         return json.dumps({
-            "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"], "subject": row["subject"],
-            "body": row["body"], "priority": row["priority"], "details": _json_field(row.get("details")),
-            "created_at": _iso(row.get("created_at")),
+            "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"],
+            "subject": row["subject"], "body": row["body"], "priority": row["priority"],
+            "details": _json_field(row.get("details")), "created_at": _iso(row.get("created_at")),
         }, sort_keys=True).encode("utf-8")
 
     def deliver(self, row: NotificationRow) -> None:

@@ -36,7 +36,8 @@ class Supervisor:
     """One supervisor process. ``store`` and ``pool`` are built by the caller (and closed by it); ``pool``
     is a :class:`~mjsched_isolated.supervisor.pool.Pool` or anything with its interface (the tests' fake)."""
 
-    def __init__(self, settings: Settings, store: Store, pool: Pool, metrics: metrics_mod.Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, store: Store, pool: Pool,
+                 metrics: metrics_mod.Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else metrics_mod.for_settings(settings)
         self.metrics.track_inflight(lambda: len(self.inflight))

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from mjsched_isolated._version import __version__
 from mjsched_isolated.errors import InputError
 
 log = logging.getLogger("mjsched.metrics")
@@ -86,9 +87,8 @@ class PrometheusMetrics(Metrics):
     a free port, see :attr:`address`). ``stall_after_s`` and ``rescan_interval_s`` give the stall bound."""
 
     def __init__(self, instance: str, host: str, port: int, stall_after_s: float, rescan_interval_s: float) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info  # noqa: PLC0415
-
-        from mjsched_isolated import __version__  # noqa: PLC0415
+        # prometheus_client is loaded only by a supervisor that serves metrics (metrics.port set)
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info  # noqa: PLC0415 - above
 
         self.instance, self.host, self.port = instance, host, port
         self.stall_bound_s = stall_after_s + rescan_interval_s
@@ -161,7 +161,8 @@ class PrometheusMetrics(Metrics):
     # -- health ------------------------------------------------------------------------------------
     def health(self, mono: float) -> tuple[bool, dict]:
         """(healthy, JSON body) at monotonic time ``mono``. Unhealthy when the database failed at the latest
-        poll or lease renewal (whichever came last), or no loop cycle completed within ``stall_after_s + rescan_interval_s``."""
+        poll or lease renewal (whichever came last), or no loop cycle completed within
+        ``stall_after_s + rescan_interval_s``."""
         age_s = round(mono - self.last_loop_mono, 3)
         body = {"instance": self.instance, "last_loop_age_s": age_s}
         if self.database_error is not None:
@@ -206,7 +207,8 @@ class PrometheusMetrics(Metrics):
             self._server = None
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
+        # loaded with PrometheusMetrics, see __init__
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415 - above
 
         path = request.path.split("?", 1)[0]
         if path == "/metrics":

@@ -84,8 +84,8 @@ class Pool:
     the crash backoff. All methods are called from the supervisor's single thread.
     """
 
-    def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
-                 import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
+    def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
+                 ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text"):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")

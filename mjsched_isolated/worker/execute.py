@@ -122,7 +122,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protoco
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
     outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
     return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=clean_details(result.details), notification=notice_text(plugin, context, outcome))
+                                details=clean_details(result.details),
+                                notification=notice_text(plugin, context, outcome))
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
