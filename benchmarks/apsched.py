@@ -116,9 +116,10 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
     ns = runner.Namespace(backend, tmp)
     try:
         out = tmp / "aps.json"
-        proc = subprocess.Popen([sys.executable, str(Path(__file__)), w_path, "--cap", str(cap), "--duration-s",
-                                 str(duration_s), "--url", ns.url, "--child-out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp / "aps.log", "wb"))
+        with open(tmp / "aps.log", "wb") as aps_log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen([sys.executable, str(Path(__file__)), w_path, "--cap", str(cap), "--duration-s",
+                                     str(duration_s), "--url", ns.url, "--child-out", str(out)],
+                                    stdout=subprocess.DEVNULL, stderr=aps_log)
         sampler = runner.Sampler([proc.pid])
         while proc.poll() is None:
             sampler.sample()

@@ -26,7 +26,8 @@ def pct(values: list[float], q: float) -> float | None:
 
 def occurrences(cron_expression: str, t0: float, t1: float) -> int:
     """How many occurrences of ``cron_expression`` (UTC) fall in ``[t0, t1)``, by the engine's cron module."""
-    count, when = 0, next_run_time(cron_expression, "UTC", dt.datetime.fromtimestamp(t0, UTC) - dt.timedelta(microseconds=1))
+    count, when = 0, next_run_time(cron_expression, "UTC",
+                                   dt.datetime.fromtimestamp(t0, UTC) - dt.timedelta(microseconds=1))
     end = dt.datetime.fromtimestamp(t1, UTC)
     while when < end:
         count += 1

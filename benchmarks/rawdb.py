@@ -58,8 +58,9 @@ def raw_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dict
             lat_ms.append((time.perf_counter() - t) * 1000)
             job["next_run_at"] = nxt
         elapsed = time.perf_counter() - begin
-        return {"backend": backend, "runs": runs, "runs_per_s": runs / elapsed, "ms_per_run_p50": metrics.pct(lat_ms, 50),
-                "ms_per_run_p99": metrics.pct(lat_ms, 99), "loadavg_1m": os.getloadavg()[0]}
+        return {"backend": backend, "runs": runs, "runs_per_s": runs / elapsed,
+                "ms_per_run_p50": metrics.pct(lat_ms, 50), "ms_per_run_p99": metrics.pct(lat_ms, 99),
+                "loadavg_1m": os.getloadavg()[0]}
     finally:
         store.close()
         ns.drop()

@@ -90,7 +90,8 @@ def write(results: Path) -> Path:
                f"other (load {e['loadavg_1m']:.2f} / {a['loadavg_1m']:.2f}). APScheduler: BackgroundScheduler, "
                "ProcessPoolExecutor(5), SQLAlchemyJobStore, coalesce, max_instances 1, no misfire grace limit.", "",
                "| | mjsched | APScheduler | ratio |", "|---|---|---|---|"]
-        for key, label in (("runs_per_s", "runs/s (started in window)"), ("exec_late_p50_ms", "lateness p50 ms (execute began − scheduled)"),
+        for key, label in (("runs_per_s", "runs/s (started in window)"),
+                           ("exec_late_p50_ms", "lateness p50 ms (execute began − scheduled)"),
                            ("exec_late_p99_ms", "lateness p99 ms (execute began − scheduled)"),
                            ("late_p99_ms", "dispatch lateness p99 ms (claim/submit − scheduled)"),
                            ("missed", "missed occurrences"), ("missed_healthy", "… of healthy jobs"),
@@ -103,19 +104,21 @@ def write(results: Path) -> Path:
                "observed) and the job runs again at its next occurrence. APScheduler has no deadline: the hung "
                "function holds one of the 5 pool processes for good, and every later occurrence of that job is "
                f"skipped, forever — {a['aps_max_instances_skips']} times in {a['duration_s']:.0f} s:", "", "```"]
-        md += a["aps_log_sample"][:4] + ["```", ""]
+        md += [*a["aps_log_sample"][:4], "```", ""]
         raw = {r["backend"]: r for r in comp["raw"]}
         md += ["## The raw database limit", "",
                "`rawdb.py`: `Store.claim` (claim UPDATE + run INSERT) and `Store.finish_run` (run UPDATE + stats "
                "UPDATE + release) back to back in one process, no supervisor:", "",
                "| backend | runs/s | ms/run p50 | ms/run p99 |", "|---|---|---|---|"]
-        md += [f"| {b} | {r['runs_per_s']:.0f} | {r['ms_per_run_p50']:.2f} | {r['ms_per_run_p99']:.2f} |" for b, r in raw.items()]
+        md += [f"| {b} | {r['runs_per_s']:.0f} | {r['ms_per_run_p50']:.2f} | {r['ms_per_run_p99']:.2f} |"
+               for b, r in raw.items()]
         if sat:
-            md += ["", f"The engine saturated (`saturation.json`: {sat['jobs']} every-second 1 ms jobs, cap {sat['cap']}, "
-                   f"SQLite, {sat['duration_s']:.0f} s): **{sat['runs_per_s']:.0f} runs/s**, "
-                   f"{sat['runs_per_s'] / sat['raw']['runs_per_s'] * 100:.0f} % of the raw SQLite limit measured just before "
-                   f"it ({sat['raw']['runs_per_s']:.0f} runs/s; load {sat['raw']['loadavg_1m']:.1f} and {sat['loadavg_1m']:.1f}); supervisor CPU "
-                   f"{sat['sup_cpu_ms_per_run']:.1f} ms per run. The raw figure includes SQLAlchemy Core's Python work "
+            md += ["", f"The engine saturated (`saturation.json`: {sat['jobs']} every-second 1 ms jobs, "
+                   f"cap {sat['cap']}, SQLite, {sat['duration_s']:.0f} s): **{sat['runs_per_s']:.0f} runs/s**, "
+                   f"{sat['runs_per_s'] / sat['raw']['runs_per_s'] * 100:.0f} % of the raw SQLite limit measured "
+                   f"just before it ({sat['raw']['runs_per_s']:.0f} runs/s; load {sat['raw']['loadavg_1m']:.1f} "
+                   f"and {sat['loadavg_1m']:.1f}); supervisor CPU {sat['sup_cpu_ms_per_run']:.1f} ms per run. "
+                   "The raw figure includes SQLAlchemy Core's Python work "
                    "for the same statements, so nearly all of a run's cost to the supervisor is its two transactions; "
                    "the poll, the planner and the pipes add little. Lateness is huge there by design "
                    f"(p99 {_f(sat['late_p99_ms'])} ms, {sat['missed']} of {sat['expected']} occurrences folded into "
@@ -128,25 +131,29 @@ def write(results: Path) -> Path:
                f"slot respawn time ({ag.get('calibration_respawn_s', 0.5) * 1000:.0f} ms, kill to next claim); "
                "metrics over the same window, by the same code (`metrics.summarize`):", "",
                "| | real | simulated |", "|---|---|---|"]
-        for key in ("runs", "runs_per_s", "skipped", "missed", "missed_healthy", "kills", "late_p50_ms", "late_p99_ms", "late_max_ms"):
+        for key in ("runs", "runs_per_s", "skipped", "missed", "missed_healthy", "kills", "late_p50_ms", "late_p99_ms",
+                    "late_max_ms"):
             md.append(f"| {key} | {_f(ag['real'][key], '.1f')} | {_f(ag['sim'][key], '.1f')} |")
         md.append("")
     if caps:
         _plot_by(caps, "cap", "late_p99_ms", "lease_timeout_s", results / "lateness_vs_cap.png", "max_concurrent_jobs",
-                 "dispatch lateness p99 (ms)", "lateness p99 vs cap (sweep.toml, 10 % hung)", "lease timeout {:.0f} s", logy=True)
+                 "dispatch lateness p99 (ms)", "lateness p99 vs cap (sweep.toml, 10 % hung)", "lease timeout {:.0f} s",
+                 logy=True)
         _plot_by(caps, "cap", "runs_per_s", "lease_timeout_s", results / "throughput_vs_cap.png", "max_concurrent_jobs",
                  "runs/s", "throughput vs cap (sweep.toml, 10 % hung)", "lease timeout {:.0f} s")
         r0 = caps[0]
         md += ["## Cap sweep", "",
                f"`sweep.toml` (30 jobs: 27 every second, exponential run times mean 50 ms, 3 hang, 2 crash), "
-               f"{r0['duration_s']:.0f} s per point, window {r0['window_s']:.0f} s, {len({r['rep'] for r in caps})} repetitions: "
-               "median (min–max).", "",
+               f"{r0['duration_s']:.0f} s per point, window {r0['window_s']:.0f} s, "
+               f"{len({r['rep'] for r in caps})} repetitions: median (min–max).", "",
                "![lateness vs cap](lateness_vs_cap.png) ![throughput vs cap](throughput_vs_cap.png)", "",
-               "| cap | lease timeout s | runs/s | lateness p50 ms | p99 ms | max ms | healthy missed | starved s | kills | CPU ms/run | load |",
+               "| cap | lease timeout s | runs/s | lateness p50 ms | p99 ms | max ms | healthy missed | starved s "
+               "| kills | CPU ms/run | load |",
                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for (lease, cap), g in _group(caps, "lease_timeout_s", "cap").items():
-            md.append(f"| {cap} | {lease:.0f} | {_spread([r['runs_per_s'] for r in g])} | {_spread([r['late_p50_ms'] for r in g])} | "
-                      f"{_spread([r['late_p99_ms'] for r in g])} | {_spread([r['late_max_ms'] for r in g])} | "
+            md.append(f"| {cap} | {lease:.0f} | {_spread([r['runs_per_s'] for r in g])} | "
+                      f"{_spread([r['late_p50_ms'] for r in g])} | {_spread([r['late_p99_ms'] for r in g])} | "
+                      f"{_spread([r['late_max_ms'] for r in g])} | "
                       f"{_spread([r['missed_healthy'] for r in g])} | {_spread([r['starve_total_s'] for r in g])} | "
                       f"{_spread([r['kills'] for r in g])} | {_spread([r['sup_cpu_ms_per_run'] for r in g])} | "
                       f"{_spread([r['loadavg_1m'] for r in g])} |")
@@ -159,10 +166,12 @@ def write(results: Path) -> Path:
                "*starved s*: time in the window during which hung runs held **all** slots (no healthy job could "
                "start); *gap s*: the longest stretch without a healthy run starting.", "",
                "![starvation vs lease](starvation_vs_lease.png)", "",
-               "| hung | lease timeout s | runs/s | healthy lateness p99 ms | healthy missed | starved s | gap s | kills | skipped | load |",
+               "| hung | lease timeout s | runs/s | healthy lateness p99 ms | healthy missed | starved s | gap s "
+               "| kills | skipped | load |",
                "|---|---|---|---|---|---|---|---|---|---|"]
         for (hang, lease), g in _group(leases, "hang", "lease_timeout_s").items():
-            md.append(f"| {hang:.0%} | {lease:.0f} | {_spread([r['runs_per_s'] for r in g])} | {_spread([r['healthy_late_p99_ms'] for r in g])} | "
+            md.append(f"| {hang:.0%} | {lease:.0f} | {_spread([r['runs_per_s'] for r in g])} | "
+                      f"{_spread([r['healthy_late_p99_ms'] for r in g])} | "
                       f"{_spread([r['missed_healthy'] for r in g])} | {_spread([r['starve_total_s'] for r in g])} | "
                       f"{_spread([r['healthy_gap_max_s'] for r in g])} | {_spread([r['kills'] for r in g])} | "
                       f"{_spread([r['skipped'] for r in g])} | {_spread([r['loadavg_1m'] for r in g])} |")
@@ -172,15 +181,18 @@ def write(results: Path) -> Path:
                  "s until the dead supervisor's jobs ran again", "recovery after SIGKILL (PostgreSQL, 2 supervisors)",
                  "{} supervisors")
         md += ["## Supervisor lease TTL (2 supervisors, PostgreSQL, one SIGKILLed)", "",
-               f"`ttl.toml` (10 jobs every second, 800 ms runs), cap 5 each, renewal every TTL/3, {ttl[0]['duration_s']:.0f} s, "
-               "the first supervisor SIGKILLed 8 s in. *lease end s*: from the kill to the end of its liveness lease "
+               f"`ttl.toml` (10 jobs every second, 800 ms runs), cap 5 each, renewal every TTL/3, "
+               f"{ttl[0]['duration_s']:.0f} s, the first supervisor SIGKILLed 8 s in. *lease end s*: from the kill "
+               "to the end of its liveness lease "
                "(its abandoned runs' `completed_at`); *recovery s*: until every job whose run it held had run again "
                "on the other supervisor.", "", "![recovery vs TTL](recovery_vs_ttl.png)", "",
-               "| TTL s | renew s | lease end s | recovery s | first job back s | held jobs | CPU ms/run (both) | load |",
+               "| TTL s | renew s | lease end s | recovery s | first job back s | held jobs | CPU ms/run (both) "
+               "| load |",
                "|---|---|---|---|---|---|---|---|"]
         for (t,), g in _group(ttl, "lease_ttl_s").items():
-            md.append(f"| {t:.0f} | {g[0]['renew_s']:.0f} | {_spread([r.get('lease_end_s') for r in g])} | {_spread([r['recovery_s'] for r in g])} | "
-                      f"{_spread([r['recovery_first_s'] for r in g])} | {_spread([r['killed_held_jobs'] for r in g])} | "
+            md.append(f"| {t:.0f} | {g[0]['renew_s']:.0f} | {_spread([r.get('lease_end_s') for r in g])} | "
+                      f"{_spread([r['recovery_s'] for r in g])} | {_spread([r['recovery_first_s'] for r in g])} | "
+                      f"{_spread([r['killed_held_jobs'] for r in g])} | "
                       f"{_spread([r['sup_cpu_ms_per_run'] for r in g])} | {_spread([r['loadavg_1m'] for r in g])} |")
         md.append("")
     if mem:
@@ -207,19 +219,22 @@ def write(results: Path) -> Path:
         md += ["## Simulator: a large fleet", "",
                f"`fleet.toml`: {fleet[0]['jobs']:,} jobs (1 % every minute, 99 % hourly at :00), exponential run "
                f"times (mean 0.5 s), 0.1 % hang, 0.1 % crash; {fleet[0]['supervisors']} supervisors × cap 10, lease "
-               "timeout 60 s, TTL 30 s; a supervisor SIGKILLed every hour (at 1:01, 2:01, 3:01, replaced after 60 s); the "
-               f"database 3× slower from 1:00 to 1:20; {fleet[0]['horizon_s'] / 3600:.2f} simulated hours. Lateness "
-               "is from the (jittered) `scheduled_at`, as the engine records it.", "",
-               "| max_jitter_s (hourly jobs) | runs | lateness p50 ms | p99 ms | max ms | kills | abandoned | skipped | wall s |",
+               "timeout 60 s, TTL 30 s; a supervisor SIGKILLed every hour (at 1:01, 2:01, 3:01, replaced after 60 s); "
+               f"the database 3× slower from 1:00 to 1:20; {fleet[0]['horizon_s'] / 3600:.2f} simulated hours. "
+               "Lateness is from the (jittered) `scheduled_at`, as the engine records it.", "",
+               "| max_jitter_s (hourly jobs) | runs | lateness p50 ms | p99 ms | max ms | kills | abandoned | skipped "
+               "| wall s |",
                "|---|---|---|---|---|---|---|---|---|"]
         for r in fleet:
-            md.append(f"| {r['max_jitter_s']:.0f} | {r['runs']:,} | {_f(r['late_p50_ms'])} | {_f(r['late_p99_ms'])} | "
-                      f"{_f(r['late_max_ms'])} | {r['kills']} | {r['abandoned']} | {r['skipped']} | {r['wall_s']:.0f} |")
+            md.append(f"| {r['max_jitter_s']:.0f} | {r['runs']:,} | {_f(r['late_p50_ms'])} | "
+                      f"{_f(r['late_p99_ms'])} | {_f(r['late_max_ms'])} | {r['kills']} | {r['abandoned']} | "
+                      f"{r['skipped']} | {r['wall_s']:.0f} |")
         md += ["", "Per simulated hour (hour 0 has no :00 burst):", "",
                "| max_jitter_s | hour | runs | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
         for r in fleet:
             for h, v in r["per_hour"].items():
-                md.append(f"| {r['max_jitter_s']:.0f} | {h} | {v['runs']:,} | {_f(v['late_p50_ms'])} | {_f(v['late_p99_ms'])} | {_f(v['late_max_ms'])} |")
+                md.append(f"| {r['max_jitter_s']:.0f} | {h} | {v['runs']:,} | {_f(v['late_p50_ms'])} | "
+                          f"{_f(v['late_p99_ms'])} | {_f(v['late_max_ms'])} |")
         md.append("")
     out = results / "REPORT.md"
     out.write_text("\n".join(md))

@@ -45,11 +45,13 @@ def headline(results: Path) -> str:
         lines.append(f"{label:24}{_f(e[key], '.1f'):>12}{_f(a[key], '.1f'):>14}{_f(ratio, '.2f'):>8}")
     lines.append(f"APScheduler 'maximum number of running instances reached' skips: {a['aps_max_instances_skips']}")
     raw = {r["backend"]: r["runs_per_s"] for r in comp["raw"]}
-    lines.append(f"raw database limit (claim+finish statements only): {', '.join(f'{k} {v:.0f} runs/s' for k, v in raw.items())}")
+    lines.append("raw database limit (claim+finish statements only): "
+                 f"{', '.join(f'{k} {v:.0f} runs/s' for k, v in raw.items())}")
     caps_path = results / "caps.json"
     if caps_path.exists():
         rows = json.loads(caps_path.read_text())
-        lines += ["", "cap sweep (sweep.toml, hung 10 %):", f"{'cap':>5}{'lease s':>9}{'runs/s':>9}{'late p99 ms':>13}{'starved s':>11}"]
+        lines += ["", "cap sweep (sweep.toml, hung 10 %):",
+                  f"{'cap':>5}{'lease s':>9}{'runs/s':>9}{'late p99 ms':>13}{'starved s':>11}"]
         for r in rows:
             lines.append(f"{r['cap']:>5}{r['lease_timeout_s']:>9.0f}{r['runs_per_s']:>9.1f}{_f(r['late_p99_ms']):>13}"
                          f"{r['starve_total_s']:>11.1f}")

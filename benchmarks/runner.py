@@ -11,6 +11,7 @@ Prints one JSON object (the metrics of :func:`metrics.summarize` plus the proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -72,7 +73,8 @@ def read_runs(url: str, specs: list[dict]) -> tuple[list[dict], int]:
     store = Store.open(url)
     try:
         with store.engine.connect() as conn:
-            rows = conn.execute(sa.select(runs, jobs.c.name.label("job")).join(jobs, jobs.c.id == runs.c.job_id)).mappings().all()
+            rows = conn.execute(sa.select(runs, jobs.c.name.label("job"))
+                                .join(jobs, jobs.c.id == runs.c.job_id)).mappings().all()
             skipped = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(jobs.c.skipped_count), 0))).scalar_one()
     finally:
         store.close()
@@ -139,9 +141,10 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
                "--lease-timeout-s", str(lease_timeout_s), "--lease-ttl-s", str(lease_ttl_s),
                "--lease-renew-interval-s", str(renew_s), "--run-for", str(duration_s),
                "--shutdown-timeout-s", "1", "--log-level", "WARNING"]
-        logs = [open(tmp / f"serve-{i}.log", "wb") for i in range(supervisors)]
-        launched = time.time()
-        procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp) for log in logs]
+        with contextlib.ExitStack() as stack:  # each child keeps its own copy of its log's descriptor
+            logs = [stack.enter_context(open(tmp / f"serve-{i}.log", "wb")) for i in range(supervisors)]
+            launched = time.time()
+            procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp) for log in logs]
         sampler = Sampler([p.pid for p in procs])
         killed_at = None
         while any(p.poll() is None for p in procs):
@@ -154,14 +157,13 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
                     p.kill()
             time.sleep(SAMPLE_S)
         stopped = time.time()
-        for log in logs:
-            log.close()
         if log_dir is not None:
             for i in range(supervisors):
                 shutil.copy(tmp / f"serve-{i}.log", log_dir / f"serve-{i}.log")
         runs, skipped = read_runs(ns.url, specs)
         if not runs:
-            raise RuntimeError(f"no runs recorded; see {tmp}/serve-0.log:\n" + (tmp / "serve-0.log").read_text()[-2000:])
+            raise RuntimeError(f"no runs recorded; see {tmp}/serve-0.log:\n"
+                               + (tmp / "serve-0.log").read_text()[-2000:])
         first = min(r["started_at"] for r in runs if r["started_at"])
         t0, t1 = first + warmup_s, launched + duration_s - 1.0
         if t1 <= t0:
@@ -202,11 +204,13 @@ def _recovery(runs: list[dict], sampler: Sampler, dead_pid: int, killed_at: floa
     held were lost (their abandoned rows' completed_at is the end of its liveness lease); ``recovery_s`` /
     ``recovery_first_s``, when every / the first job it held ran again on another supervisor."""
     dead = [r for r in runs if r["instance"].endswith(f"-{dead_pid}")]
-    held = {r["job"] for r in dead if r["started_at"] <= killed_at and (r["completed_at"] is None or r["completed_at"] > killed_at)}
+    held = {r["job"] for r in dead
+            if r["started_at"] <= killed_at and (r["completed_at"] is None or r["completed_at"] > killed_at)}
     again = [min((r["started_at"] for r in runs if r["job"] == job and r["started_at"] > killed_at
                   and not r["instance"].endswith(f"-{dead_pid}")), default=None) for job in held]
     again = [a for a in again if a is not None]
-    lost = [r["completed_at"] for r in dead if r["status"] == "Failed" and r["completed_at"] and r["started_at"] <= killed_at
+    lost = [r["completed_at"] for r in dead
+            if r["status"] == "Failed" and r["completed_at"] and r["started_at"] <= killed_at
             and r["completed_at"] > killed_at]
     return {"killed_held_jobs": len(held), "recovery_s": (max(again) - killed_at) if again else None,
             "recovery_first_s": (min(again) - killed_at) if again else None,

@@ -161,23 +161,24 @@ class Simulator:
         holder = array("i", [-1]) * n           # supervisor holding the job lease, -1 free
         lease_exp = array("d", [0.0]) * n       # expected_completion_at
         waiting: set[int] = set()               # Queue/RunAll jobs waiting for a live lease
-        S = cfg.supervisors
-        alive = [True] * S
-        born = [cfg.start] * S
-        idle = [cfg.cap] * S
-        cpu = [cfg.start] * S                   # when each supervisor's loop is free
-        gen = [0] * S
-        sup_lease_end = [INF] * S
-        inflight: list[dict[int, tuple]] = [{} for _ in range(S)]
+        n_sup = cfg.supervisors
+        alive = [True] * n_sup
+        born = [cfg.start] * n_sup
+        idle = [cfg.cap] * n_sup
+        cpu = [cfg.start] * n_sup               # when each supervisor's loop is free
+        gen = [0] * n_sup
+        sup_lease_end = [INF] * n_sup
+        inflight: list[dict[int, tuple]] = [{} for _ in range(n_sup)]
         events: list[tuple] = []
         seq = 0
-        idle_heap = [(cfg.start, s) for s in range(S)]
+        idle_heap = [(cfg.start, s) for s in range(n_sup)]
         heapq.heapify(idle_heap)
         if cfg.lose_every_s:
             first = cfg.lose_first_s if cfg.lose_first_s is not None else cfg.lose_every_s / 2
             k, t = 0, cfg.start + first
             while t < t_end:
-                events.append((t, seq, DIE, k % S, 0)); seq += 1
+                events.append((t, seq, DIE, k % n_sup, 0))
+                seq += 1
                 k, t = k + 1, t + cfg.lose_every_s
             heapq.heapify(events)
 
@@ -246,7 +247,8 @@ class Simulator:
                     h["runs"] += 1
                     h["late"].append(lat)
                     inflight[s][run_id] = (j, status, rec)
-                    heapq.heappush(events, (end, seq, FINISH, s, (gen[s], run_id))); seq += 1
+                    heapq.heappush(events, (end, seq, FINISH, s, (gen[s], run_id)))
+                    seq += 1
                     if keep:
                         self.runs.append(rec)
                     push_ready(j)
@@ -272,7 +274,8 @@ class Simulator:
                 if status == "Completed":
                     idle[s] += 1
                 else:                                 # the worker was killed or died: respawn
-                    heapq.heappush(events, (t + cfg.respawn_s, seq, SLOT_BACK, s, gen[s])); seq += 1
+                    heapq.heappush(events, (t + cfg.respawn_s, seq, SLOT_BACK, s, gen[s]))
+                    seq += 1
                 heapq.heappush(idle_heap, (cpu[s], s))
             elif what == SLOT_BACK:
                 if payload == gen[s] and alive[s]:
@@ -284,15 +287,17 @@ class Simulator:
                 alive[s] = False
                 renewed = born[s] + math.floor((t - born[s]) / cfg.renew_s) * cfg.renew_s
                 sup_lease_end[s] = lease_end = renewed + cfg.lease_ttl_s
-                for run_id, (j, status, rec) in inflight[s].items():
+                for j, _status, rec in inflight[s].values():
                     stats["abandoned"] += 1
                     if rec is not None:
                         rec.update(completed_at=lease_end, status="Failed")
                     if j in waiting:
-                        heapq.heappush(events, (lease_end, seq, RELEASE, s, j)); seq += 1
+                        heapq.heappush(events, (lease_end, seq, RELEASE, s, j))
+                        seq += 1
                 inflight[s] = {}
                 gen[s] += 1
-                heapq.heappush(events, (t + cfg.restart_s, seq, RESTART, s, 0)); seq += 1
+                heapq.heappush(events, (t + cfg.restart_s, seq, RESTART, s, 0))
+                seq += 1
             elif what == RELEASE:
                 j = payload
                 if j in waiting:

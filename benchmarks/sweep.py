@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import sys
@@ -133,7 +134,8 @@ def saturation(results: Path, duration_s: float = 20, cap: int = 10) -> dict:
 
 def agreement(real: dict, w: wl.Workload, cap: int, lease_timeout_s: float) -> dict:
     """Simulate the real run's workload from its first run to its stop, calibrated with its measured supervisor
-    CPU per run and slot respawn time (:func:`respawn_s`), and compute the same metrics over the same window. Returns {"real": ..., "sim": ...}."""
+    CPU per run and slot respawn time (:func:`respawn_s`), and compute the same metrics over the same window.
+    Returns {"real": ..., "sim": ...}."""
     runs = real["_runs"]
     first = min(r["started_at"] for r in runs if r["started_at"])
     t0, t1 = first + 3.0, first + 3.0 + real["window_s"]
@@ -143,9 +145,10 @@ def agreement(real: dict, w: wl.Workload, cap: int, lease_timeout_s: float) -> d
     sim = simulator.Simulator(w, cfg)
     sim.run()
     sim_m = metrics.summarize(sim.runs, wl.job_specs(w), t0, t1, cap, t1 + 2)
-    sim_m.update(skipped=sim.stats["skipped"], sup_cpu_ms_per_run=real["sup_cpu_ms_per_run"], decide_calls=sim.stats["decide_calls"])
-    return {"real": {k: v for k, v in real.items() if not k.startswith("_")}, "sim": sim_m, "calibration_claim_ms": half_ms,
-            "calibration_respawn_s": cfg.respawn_s}
+    sim_m.update(skipped=sim.stats["skipped"], sup_cpu_ms_per_run=real["sup_cpu_ms_per_run"],
+                 decide_calls=sim.stats["decide_calls"])
+    return {"real": {k: v for k, v in real.items() if not k.startswith("_")}, "sim": sim_m,
+            "calibration_claim_ms": half_ms, "calibration_respawn_s": cfg.respawn_s}
 
 
 def respawn_s(runs: list[dict], default: float = 0.1) -> float:
@@ -158,7 +161,7 @@ def respawn_s(runs: list[dict], default: float = 0.1) -> float:
             by_job.setdefault(r["job"], []).append(r)
     for job_runs in by_job.values():
         job_runs.sort(key=lambda r: r["started_at"])
-        gaps += [b["started_at"] - a["completed_at"] for a, b in zip(job_runs, job_runs[1:])
+        gaps += [b["started_at"] - a["completed_at"] for a, b in itertools.pairwise(job_runs)
                  if a["status"] == "Timeout" and a["completed_at"]]
     return metrics.pct(gaps, 50) if gaps else default
 

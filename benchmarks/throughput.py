@@ -258,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         handoff = [v for r in reps for v in r["handoff"]]
         cpu_per_run = statistics.median(r["cpu_s"] for r in reps) * 1000 / args.jobs
         first = statistics.median(min(r["latency"]) for r in reps)
-        print(f"| {cap} | {first:.1f} | {percentile(claim, 50):.1f} | {percentile(claim, 99):.1f} | {percentile(handoff, 50):.2f} "
-              f"| {percentile(handoff, 99):.2f} | {max(handoff):.2f} | {cpu_per_run:.2f} |")
+        print(f"| {cap} | {first:.1f} | {percentile(claim, 50):.1f} | {percentile(claim, 99):.1f} "
+              f"| {percentile(handoff, 50):.2f} | {percentile(handoff, 99):.2f} | {max(handoff):.2f} "
+              f"| {cpu_per_run:.2f} |")
     print()
     print(f"# total {time.monotonic() - started:.1f} s")
     return 0

@@ -198,9 +198,10 @@ def jobs_toml(w: Workload) -> str:
     """The workload as a ``serve --jobs`` file."""
     out = []
     for s in job_specs(w):
-        out += ["[[jobs]]", f'name = "{s["name"]}"', 'job_type = "bench"', f'cron_expression = "{s["cron_expression"]}"',
-                f'concurrency_mode = "{s["concurrency_mode"]}"', f'missed_run_policy = "{s["missed_run_policy"]}"',
-                f'max_jitter_s = {float(s["max_jitter_s"])}', "[jobs.configuration]"]
+        out += ["[[jobs]]", f'name = "{s["name"]}"', 'job_type = "bench"',
+                f'cron_expression = "{s["cron_expression"]}"', f'concurrency_mode = "{s["concurrency_mode"]}"',
+                f'missed_run_policy = "{s["missed_run_policy"]}"', f'max_jitter_s = {float(s["max_jitter_s"])}',
+                "[jobs.configuration]"]
         out += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {float(v)}" for k, v in s["configuration"].items()]
         out.append("")
     return "\n".join(out)

@@ -7,6 +7,7 @@ a worker child that imports the plugin API stays small.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from mjsched_isolated._version import __version__
@@ -43,8 +44,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """PEP 562: the heavy public names (:class:`Client` pulls in SQLAlchemy) are imported on first use."""
     if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def row_values(spec: JobSpec) -> dict[str, Any]:
     return values
 
 
-def schedule_fields_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def schedule_fields_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """True when a change of these columns must recompute ``next_run_at``."""
     keys = ("cron_expression", "timezone", "start_at", "end_at", "status")
     return any(k in new and old.get(k) != new[k] for k in keys)

@@ -29,7 +29,7 @@ from mjsched_isolated.protocol import NoticeText
 if TYPE_CHECKING:  # types only: importing the store at run time would pull SQLAlchemy in
     from mjsched_isolated.store.records import OutboxRow
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]  # a job's columns, read only (a JobRow, or the few fields an InFlight keeps)
 
 
 class Notice(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,6 +35,7 @@ from mjsched_isolated.jobspec import JobSpec
 from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
 from mjsched_isolated.store import Store, migrate
 from mjsched_isolated.store.migrate import SchemaError
+from mjsched_isolated.store.records import JobRow
 from mjsched_isolated.supervisor.inspection import inspect_plugins
 
 Row = dict[str, Any]
@@ -113,7 +114,7 @@ def _require_sqlite_file(url: str, field: str) -> None:
 
 
 # -- views ---------------------------------------------------------------------------------------------
-def job_view(row: Row) -> Row:
+def job_view(row: Mapping[str, Any]) -> Row:
     """A job row with ``configuration`` (object) and ``notify_recipients`` (list) decoded from JSON."""
     view = {str(k): v for k, v in row.items()}  # plain str keys (SQLAlchemy's are a str subclass)
     for key in ("configuration", "notify_recipients"):
@@ -125,7 +126,7 @@ def job_view(row: Row) -> Row:
     return view
 
 
-def run_view(row: Row) -> Row:
+def run_view(row: Mapping[str, Any]) -> Row:
     """A run row (``details`` is already decoded by the store), with plain ``str`` keys."""
     return {str(k): v for k, v in row.items()}
 
@@ -193,7 +194,7 @@ def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
             raise InputError(f"{prefix(i)}{field}", message)
 
 
-def _spec_fields_of(row: Row) -> dict[str, Any]:
+def _spec_fields_of(row: Mapping[str, Any]) -> dict[str, Any]:
     view = job_view(row)
     return {key: view[key] for key in JOB_FIELDS if key in view}
 
@@ -363,7 +364,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
             notes.append(f"jobs file {jobs_file}: {len(specs)} job(s) ok")
         except InputError as exc:
             problems.append(f"jobs file: {exc}")
-    jobs: list[Row] = []
+    jobs: list[JobRow] = []
     try:
         store = open_store(settings.database_url)  # an empty database is created at the newest revision
     except SchemaError as exc:  # outdated, or newer than this code: nothing else to check in it
@@ -376,7 +377,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
         notes.append(f"database schema: up to date ({migrate.head_revision()})")
     bad: set[str] = set()
 
-    def problem(job: Row, text: str) -> None:
+    def problem(job: JobRow, text: str) -> None:
         bad.add(job["name"])
         problems.append(f"job {job['name']}: {text}")
 

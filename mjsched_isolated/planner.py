@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from mjsched_isolated.cron import min_interval_s, next_run_time
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]
+"""A job's columns by name, read only: a :class:`~mjsched_isolated.store.records.JobRow` or plain values."""
 _TICK = dt.timedelta(microseconds=1)
 
 
@@ -202,7 +204,7 @@ def human_interval(seconds: float) -> str:
     """``90`` -> ``"1 minute 30 seconds"``, ``0.5`` -> ``"500 ms"`` (the reference's wording)."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     parts = [f"{minutes} minute{'s' * (minutes != 1)}"] if minutes else []
     if secs or not parts:
         parts.append(f"{secs} second{'s' * (secs != 1)}")

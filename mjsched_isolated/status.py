@@ -8,6 +8,7 @@ stop cleanly; when no supervisor is alive and jobs are overdue, ``warnings`` say
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mjsched_isolated.store import Store
@@ -29,7 +30,7 @@ def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, lim
     ``stopped_at``). ``running_for_s`` is seconds since ``started_at`` by the database clock;
     ``error_message`` is the first line only. Works on an empty database (empty lists)."""
     now = store.db_now()
-    supervisors = [{k: row[k] for k in (*SUPERVISOR_COLUMNS, "stopped_at")}
+    supervisors = [_pick(row, (*SUPERVISOR_COLUMNS, "stopped_at"))
                    for row in store.status_supervisors(hide_after_s)
                    if not (row["instance"].startswith(MANUAL_INSTANCE_PREFIX) and row["stopped_at"] is not None)]
     in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
@@ -47,6 +48,10 @@ def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, lim
                         f"since {overdue[0]['next_run_at']:%Y-%m-%dT%H:%M:%SZ}): start `mjsched serve`")
     return {"db_time": now, "supervisors": supervisors, "in_flight": in_flight,
             "next_due": next_due, "recent_failures": failures, "warnings": warnings}
+
+
+def _pick(row: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    return {k: row[k] for k in keys}
 
 
 def _first_line(text: str | None) -> str | None:

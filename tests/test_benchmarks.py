@@ -73,7 +73,8 @@ def _small(**over):
 @pytest.mark.parametrize("mode, policy", [("Skip", "RunOnce"), ("Queue", "RunOnce"), ("Concurrent", "Skip")])
 def test_simulator_is_deterministic_and_fast_path_matches_planner_decide(mode, policy):
     w = _small(concurrency_mode=mode, missed_run_policy=policy)
-    cfg = dict(cap=2, lease_timeout_s=2.0, horizon_s=40.0, supervisors=2, lose_every_s=20.0, lease_ttl_s=3.0, renew_s=1.0)
+    cfg = dict(cap=2, lease_timeout_s=2.0, horizon_s=40.0, supervisors=2, lose_every_s=20.0, lease_ttl_s=3.0,
+               renew_s=1.0)
     runs = []
     for exact in (False, False, True):
         sim = simulator.Simulator(w, simulator.SimConfig(exact=exact, **cfg))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 import zoneinfo
 
 import pytest
@@ -202,7 +203,7 @@ def test_fold_wildcard_hour_runs_in_both_copies_los_angeles():
 def test_fold_every_minute_counts_every_real_minute():
     got = iterate("* * * * *", "America/Los_Angeles", utc(2025, 11, 2, 7, 0), utc(2025, 11, 2, 11, 0))
     assert len(got) == 4 * 60 - 1
-    assert all((b - a) == MINUTE for a, b in zip(got, got[1:]))
+    assert all((b - a) == MINUTE for a, b in itertools.pairwise(got))
 
 
 def test_helsinki_second_copy_pin():

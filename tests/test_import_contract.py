@@ -85,7 +85,7 @@ def _closure(start: list[Path]) -> dict[str, set[str]]:
 
 
 def _worker_side() -> list[Path]:
-    return sorted((PACKAGE / "worker").glob("*.py")) + [PACKAGE / "api.py", PACKAGE / "protocol.py"]
+    return [*sorted((PACKAGE / "worker").glob("*.py")), PACKAGE / "api.py", PACKAGE / "protocol.py"]
 
 
 def test_the_worker_side_imports_only_the_protocol_the_plugin_api_and_the_standard_library():
@@ -152,7 +152,8 @@ def _launchers() -> dict[str, list[str]]:
     return {"console script": [str(script)], "python -m": [sys.executable, "-m", "mjsched_isolated"]}
 
 
-def _cli(launcher: list[str], tmp_path: Path, *args: str, plugins: str = FIXTURE_PLUGINS) -> subprocess.CompletedProcess:
+def _cli(launcher: list[str], tmp_path: Path, *args: str,
+         plugins: str = FIXTURE_PLUGINS) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MJSCHED_")}
     env.update(MJSCHED_DATABASE_URL=f"sqlite:///{tmp_path / 'm.db'}", MJSCHED_PLUGINS_DIR=plugins)
     return subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
@@ -187,7 +188,8 @@ def test_workers_under_both_launchers_hold_no_database_code_and_the_same_memory(
     for label, details in facts.items():
         heavy = [m for m in details["modules"] if m.split(".")[0] in HEAVY]
         assert heavy == [], f"{label}: {heavy[:5]}"
-        assert "mjsched_isolated.store" not in details["modules"] and "mjsched_isolated.supervisor" not in details["modules"]
+        assert "mjsched_isolated.store" not in details["modules"]
+        assert "mjsched_isolated.supervisor" not in details["modules"]
     script, module = facts["console script"], facts["python -m"]
     assert script["main"].endswith("mjsched")  # the worker really was spawned from the console script
     assert abs(len(script["modules"]) - len(module["modules"])) <= 5, (len(script["modules"]), len(module["modules"]))

@@ -216,7 +216,8 @@ def test_slowly_dripping_body_is_abandoned_at_timeout_s():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         started = _time.monotonic()
-        result = run_job(load_plugin("http_check"), {"url": f"http://127.0.0.1:{server.server_port}/", "timeout_s": 1.0})
+        result = run_job(load_plugin("http_check"),
+                         {"url": f"http://127.0.0.1:{server.server_port}/", "timeout_s": 1.0})
         assert _time.monotonic() - started < 3.0
         assert result.success is False and "timed out" in result.error_message
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import logging
 
@@ -22,7 +23,7 @@ def _run_n(driver, store: Store, job: dict, n: int) -> list[dict]:
     for i in range(n):
         driver.until(lambda: len(driver.pool.idle_workers()) == driver.pool.size, 30)  # a refilled slot is ready
         assert store.queue_now(job["id"], driver.supervisor.read_clock()[0])
-        driver.until(lambda: len(store.list_runs(job_name=job["name"])) == i + 1
+        driver.until(lambda want=i + 1: len(store.list_runs(job_name=job["name"])) == want
                      and not driver.supervisor.inflight, 30)
         done = store.list_runs(job_name=job["name"], limit=n)[::-1]
     return done
@@ -59,7 +60,7 @@ def test_memory_limit_recycles_after_the_run_that_crossed_it(store, driver_facto
     runs = _run_n(driver, store, job, 7)
     assert [r["status"] for r in runs] == ["Completed"] * 7
     replaced = kept = 0
-    for before, after in zip(runs, runs[1:]):
+    for before, after in itertools.pairwise(runs):
         rss_mb = before["details"]["rss_mb"]  # measured by the plugin as it returned
         if abs(rss_mb - limit_mb) < 3:
             continue  # too close to the limit to say which side the pool's own reading fell on
@@ -75,7 +76,8 @@ def test_memory_limit_recycles_after_the_run_that_crossed_it(store, driver_facto
 @pytest.mark.timeout(60)
 def test_a_run_that_crosses_the_memory_limit_is_not_interrupted(store, driver_factory, tmp_path):
     driver = driver_factory(max_concurrent_jobs=1, recycling=Recycling(max_memory_per_child_mb=50))
-    job = add_job(store, "big", "leak", YEARLY, next_run_at=LATER, configuration=json.dumps({"mb": 120, "seconds": 1.0}))
+    job = add_job(store, "big", "leak", YEARLY, next_run_at=LATER,
+                  configuration=json.dumps({"mb": 120, "seconds": 1.0}))
     first_pid = driver.pool.idle_workers()[0].pid
     runs = _run_n(driver, store, job, 2)
     assert [r["status"] for r in runs] == ["Completed", "Completed"]  # over the limit for a second, not killed

@@ -467,7 +467,8 @@ def test_finish_run_statistics_over_three_runs(any_store):
     assert row["success_count"] == 2
     assert row["failure_count"] == 1
     last_run = store.list_runs(job_name="j", limit=1)[0]
-    assert row["last_run_at"] is not None and abs(row["last_run_at"] - last_run["completed_at"]) < dt.timedelta(seconds=1)
+    assert row["last_run_at"] is not None
+    assert abs(row["last_run_at"] - last_run["completed_at"]) < dt.timedelta(seconds=1)
     assert row["last_duration_ms"] == 600.0
     assert row["avg_duration_ms"] == pytest.approx(300.0)
     assert row["lock_token"] is None
@@ -1170,7 +1171,8 @@ def test_schema_check_constraints_reject_bad_status(any_store):
     """The CHECK constraint itself (raw SQL, bypassing Store.add_job). PyMySQL reports MariaDB's CHECK
     violations (error 4025) as OperationalError, the others as IntegrityError."""
     store = any_store
-    with pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError), match="ck_status"), store.engine.begin() as conn:
+    with (pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError), match="ck_status"),
+          store.engine.begin() as conn):
         conn.execute(jobs.insert().values(name="bad", job_type="ok", cron_expression="* * * * *",
                                           status="Bogus", created_at=NOW, updated_at=NOW))
     assert store.list_jobs() == []

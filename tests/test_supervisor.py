@@ -518,7 +518,8 @@ def test_import_holding_the_gil_past_the_ready_timeout_costs_only_its_own_types(
 
     from mjsched_isolated.supervisor.inspection import inspect_plugins
     plugins = _plugins_dir(tmp_path, gil=GIL_FOREVER)
-    report = inspect_plugins(Settings(plugins_dir=str(plugins)), timeout_s=2)  # the CLI's checks: answered by a second worker
+    # the CLI's checks: answered by a second worker
+    report = inspect_plugins(Settings(plugins_dir=str(plugins)), timeout_s=2)
     assert "ok" in {p.job_type for p in report.plugins} and [f.module for f in report.failures] == ["gil.py"]
     d = Driver(store, db_url, plugins_dir=str(plugins), worker_ready_timeout_s=2, max_concurrent_jobs=2)
     try:

@@ -166,7 +166,8 @@ class FileRetentionJob(BaseScheduledJob[FileRetentionConfiguration]):
             result: ScheduledJobResult) -> NotificationContent:
         d = result.details or {}
         verb = "would remove" if d.get("dry_run") else "removed"
-        summary = f"{verb} {d.get('removed_count', 0)} file(s), {d.get('bytes_freed', 0)} bytes, in {d.get('directory')}"
+        summary = (f"{verb} {d.get('removed_count', 0)} file(s), {d.get('bytes_freed', 0)} bytes, "
+                   f"in {d.get('directory')}")
         if result.success:
             return NotificationContent(
                 subject=f"Scheduled job '{context.job_name}' completed",

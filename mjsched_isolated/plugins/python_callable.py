@@ -70,8 +70,9 @@ class PythonCallableJob(BaseScheduledJob[PythonCallableConfiguration]):
         if configuration.sql_arguments and not configuration.database_url:
             raise ConfigurationError("configuration.database_url: required when sql_arguments is non-empty")
         if configuration.database_url is not None:
-            from sqlalchemy.engine import make_url
-            from sqlalchemy.exc import ArgumentError
+            # only with database_url: workers stay free of SQLAlchemy
+            from sqlalchemy.engine import make_url  # noqa: PLC0415 - see above
+            from sqlalchemy.exc import ArgumentError  # noqa: PLC0415 - see above
 
             try:
                 make_url(configuration.database_url)
@@ -138,10 +139,7 @@ def _resolve(target: str):
 
 def _query_values(database_url: str | None, queries: dict[str, str]) -> dict[str, Any]:
     """Run each query; value = first column of first row, or None. Raises _SqlArgumentError naming it."""
-    from sqlalchemy import (  # only for sql_arguments: workers stay free of SQLAlchemy
-        create_engine,
-        text,
-    )
+    from sqlalchemy import create_engine, text  # noqa: PLC0415 - only for sql_arguments: workers stay free of SQLAlchemy
 
     if database_url is None:
         raise _SqlArgumentError("database_url: required when sql_arguments is given")

@@ -119,7 +119,8 @@ class ShellJob(BaseScheduledJob[ShellConfiguration]):
             stdout_bytes=out.total, stderr_bytes=err.total,
         )
         if timed_out:
-            return ScheduledJobResult(success=False, details=details, error_message=f"timed out after {cfg.timeout_s:g}s")
+            return ScheduledJobResult(success=False, details=details,
+                                      error_message=f"timed out after {cfg.timeout_s:g}s")
         if exit_code < 0:
             return ScheduledJobResult(success=False, details=details, error_message=f"killed by {_signame(-exit_code)}")
         if exit_code != 0:

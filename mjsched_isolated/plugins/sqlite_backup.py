@@ -141,7 +141,8 @@ class SqliteBackupJob(BaseScheduledJob[SqliteBackupConfiguration]):
                 subject=f"Scheduled job '{context.job_name}' completed",
                 body=(
                     f"Run {context.run_id}: backed up {d.get('database')} to {d.get('backup_path')} "
-                    f"({d.get('size_bytes')} bytes, {d.get('pages')} pages); removed {len(d.get('removed') or [])} old backup(s)."
+                    f"({d.get('size_bytes')} bytes, {d.get('pages')} pages); "
+                    f"removed {len(d.get('removed') or [])} old backup(s)."
                 ),
             )
         return NotificationContent(

@@ -56,7 +56,8 @@ class Retention:
         if not run_ids:
             return 0
         with self.engine.begin() as conn:
-            return conn.execute(runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != RunStatus.RUNNING)).rowcount
+            stmt = runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != RunStatus.RUNNING)
+            return conn.execute(stmt).rowcount
 
     def prune_runs(self, now: dt.datetime, keep_days: float, keep_min_per_job: int, batch_size: int = 500,
                    max_batches: int | None = None) -> int:

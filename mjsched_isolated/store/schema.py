@@ -36,7 +36,8 @@ CONCURRENCY_MODES = values(ConcurrencyMode)
 MISSED_RUN_POLICIES = values(MissedRunPolicy)
 
 
-SQLITE_EXACT_FORM = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
+SQLITE_EXACT_FORM = ("[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"  # GLOB: YYYY-MM-DD HH:MM:SS.ffffff
+                     " [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]")
 
 
 class _LenientSQLiteDateTime(sqlite.DATETIME):
@@ -222,8 +223,7 @@ notifications = sa.Table(
 def create_engine(url: str, *, auto_upgrade: bool = False) -> Engine:
     """An engine whose schema is at this code's revision: an empty database is migrated to head, an
     outdated one only with ``auto_upgrade``, else :class:`migrate.SchemaError` (see :mod:`.migrate`)."""
-    # imported here: migrate imports alembic; schema stays importable without it
-    from mjsched_isolated.store import migrate
+    from mjsched_isolated.store import migrate  # noqa: PLC0415 - migrate imports alembic; schema stays light
 
     engine = connect(url)
     try:

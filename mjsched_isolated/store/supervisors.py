@@ -45,7 +45,8 @@ class Supervisors:
         """Extend ``instance``'s liveness lease to DB-now + ``ttl_s`` seconds: one statement keeps every
         lease and run of that supervisor alive. Returns the DB time, or None if the row is gone or was
         stopped."""
-        stmt = supervisors.update().where(supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None)).values(
+        live = (supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None))
+        stmt = supervisors.update().where(*live).values(
             heartbeat_at=schema.db_now(self.dialect), lease_expires_at=schema.db_now_plus(self.dialect, ttl_s))
         with self.engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:

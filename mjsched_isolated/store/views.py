@@ -60,7 +60,8 @@ class Views:
             query = query.where(runs.c.status == status)
         query = query.order_by(runs.c.id.desc()).limit(limit)
         with self.engine.connect() as conn:
-            if job_name is not None and conn.execute(sa.select(jobs.c.id).where(jobs.c.name == job_name)).first() is None:
+            if (job_name is not None
+                    and conn.execute(sa.select(jobs.c.id).where(jobs.c.name == job_name)).first() is None):
                 raise NotFoundError("name", f"no job named {job_name!r}")
             return [_run_view(r) for r in conn.execute(query).mappings()]
 

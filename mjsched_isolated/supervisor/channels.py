@@ -20,9 +20,12 @@ import urllib.parse
 import urllib.request
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
+
+if TYPE_CHECKING:
+    from mjsched_isolated.store.records import NotificationRow
 
 log = logging.getLogger("mjsched.notifications")
 SIGNATURE_HEADER = "X-Mjsched-Signature"
@@ -42,7 +45,7 @@ class Channel(Protocol):
     name: str
     timeout_s: float
 
-    def deliver(self, row: dict[str, Any]) -> None: ...
+    def deliver(self, row: NotificationRow) -> None: ...
 
 
 def _json_field(raw: Any) -> Any:
@@ -71,7 +74,7 @@ class LogChannel:
     name = "log"
     timeout_s = 0.0
 
-    def deliver(self, row: dict[str, Any]) -> None:
+    def deliver(self, row: NotificationRow) -> None:
         level = logging.WARNING if row["priority"] == "High" else logging.INFO
         log.log(level, "notification %s (%s) job %s run %s: %s | %s", row["event"], row["priority"], row["job_name"],
                 row["run_id"] if row["run_id"] is not None else "-", row["subject"], row["body"])
@@ -89,7 +92,7 @@ class SmtpChannel:
         self.config = config
         self.timeout_s = config.timeout_s
 
-    def message(self, row: dict[str, Any]) -> EmailMessage:
+    def message(self, row: NotificationRow) -> EmailMessage:
         recipients = list(dict.fromkeys(_json_field(row.get("recipients")) or self.config.recipients))
         if not recipients:
             raise DeliveryError("no recipients: set notifications.email.recipients or the job's notify_recipients",
@@ -102,7 +105,8 @@ class SmtpChannel:
         # one Message-ID per notice, the same on every attempt: delivery is at-least-once (a retry after a
         # lost reply, a claim that expired mid-delivery), and mail clients and servers drop the duplicate
         domain = self.config.sender.rpartition("@")[2] or "mjsched"
-        msg["Message-ID"] = f"<mjsched-notification-{row['id']}@{domain}>" if row.get("id") else make_msgid(domain=domain)
+        msg["Message-ID"] = (f"<mjsched-notification-{row['id']}@{domain}>" if row.get("id")
+                             else make_msgid(domain=domain))
         msg["X-Priority"] = _X_PRIORITY.get(row["priority"], "3 (Normal)")
         msg["X-Mjsched-Event"] = row["event"]
         body = row["body"]
@@ -112,7 +116,7 @@ class SmtpChannel:
         msg.set_content(body)
         return msg
 
-    def deliver(self, row: dict[str, Any]) -> None:
+    def deliver(self, row: NotificationRow) -> None:
         msg = self.message(row)
         cfg = self.config
         try:
@@ -156,14 +160,14 @@ class WebhookPost:
             netloc += f":{parts.port}"
         self.safe_url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
-    def payload(self, row: dict[str, Any]) -> bytes:
+    def payload(self, row: NotificationRow) -> bytes:
         return json.dumps({
-            "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"], "subject": row["subject"],
-            "body": row["body"], "priority": row["priority"], "details": _json_field(row.get("details")),
-            "created_at": _iso(row.get("created_at")),
+            "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"],
+            "subject": row["subject"], "body": row["body"], "priority": row["priority"],
+            "details": _json_field(row.get("details")), "created_at": _iso(row.get("created_at")),
         }, sort_keys=True).encode("utf-8")
 
-    def deliver(self, row: dict[str, Any]) -> None:
+    def deliver(self, row: NotificationRow) -> None:
         body = self.payload(row)
         headers = {"Content-Type": "application/json", "User-Agent": "mjsched-notifier",
                    DELIVERY_HEADER: str(row.get("id"))}  # the same on every attempt: receivers drop duplicates

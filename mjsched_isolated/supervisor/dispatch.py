@@ -22,6 +22,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.records import JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
@@ -95,7 +96,7 @@ class Dispatcher:
         """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
         return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
 
-    def decide_one(self, job: dict, known: set[str], now: dt.datetime, worker: Any) -> bool:
+    def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
@@ -132,7 +133,7 @@ class Dispatcher:
                        "a run is still live (concurrency_mode Skip)")
         return False  # Queue (and RunAll catch-up): the occurrence waits for the live run to end
 
-    def _skip(self, job: dict, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
+    def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
               metric: str, event: str, why: str) -> None:
         """Advance past occurrence ``seen`` without running it, with its notices (one transaction)."""
         rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
@@ -143,7 +144,7 @@ class Dispatcher:
             log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
 
     # -- claim and hand over --------------------------------------------------------------------------
-    def claim(self, job: dict, now: dt.datetime, next_run_at: dt.datetime | None, worker: Any,
+    def claim(self, job: JobRow, now: dt.datetime, next_run_at: dt.datetime | None, worker: Any,
               scheduled_at: dt.datetime | None) -> InFlight | None:
         """Claim the occurrence ``scheduled_at`` (None: a manual run) and hand it to ``worker``; the job's
         ``next_run_at`` becomes ``next_run_at``. Returns the new :class:`InFlight`, None if the claim lost
@@ -179,7 +180,7 @@ class Dispatcher:
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------
-    def _mark_bad(self, job: dict, reason: str) -> None:
+    def _mark_bad(self, job: JobRow, reason: str) -> None:
         if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
             log.error("job %s skipped until it is fixed: %s", job["name"], reason)
         self.bad_jobs[job["id"]] = (job["updated_at"], reason)
@@ -191,7 +192,7 @@ class Dispatcher:
             if row is None or row["updated_at"] != updated_at:
                 del self.bad_jobs[job_id]
 
-    def _repair_unreadable(self, job: dict, now: dt.datetime) -> bool:
+    def _repair_unreadable(self, job: JobRow, now: dt.datetime) -> bool:
         """Give a job whose stored ``next_run_at`` cannot be read a fresh one from ``now`` (logged)."""
         try:
             next_run_at = planner.initial_next_run_at(job, now)
@@ -203,7 +204,7 @@ class Dispatcher:
                       "hand?); rescheduled to %s", job["name"], iso(next_run_at), extra=log_ctx(job))
         return False
 
-    def _reschedule(self, job: dict, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
+    def _reschedule(self, job: JobRow, next_run_at: dt.datetime | None, now: dt.datetime) -> bool:
         if self.store.set_next_run_at(job["id"], job["next_run_at"], next_run_at, now):
             log.info("job %s: not before start_at %s; next_run_at moved to %s", job["name"], iso(job["start_at"]),
                      iso(next_run_at))

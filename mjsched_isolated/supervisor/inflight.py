@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -13,7 +14,7 @@ class InFlight:
     seconds; ``token`` the job lease's token (None for a Concurrent job, which runs without the lease);
     ``scheduled_at`` the occurrence (None: a manual run); ``job`` the few job fields notices need."""
 
-    def __init__(self, run_id: int, job: dict, token: str | None, worker: Any, started_at: dt.datetime,
+    def __init__(self, run_id: int, job: Mapping[str, Any], token: str | None, worker: Any, started_at: dt.datetime,
                  deadline: dt.datetime, timeout_s: float) -> None:
         self.run_id = run_id
         self.job_id: int = job["id"]
@@ -37,7 +38,7 @@ class InFlight:
             self.last_extended += by
 
 
-def log_ctx(item: InFlight | dict) -> dict:
+def log_ctx(item: InFlight | Mapping[str, Any]) -> dict[str, Any]:
     """``extra=`` for a log call about a run (an :class:`InFlight`) or a job (a row): the JSON log's
     ``job`` and ``run_id`` fields (see :mod:`mjsched_isolated.logs`)."""
     if isinstance(item, InFlight):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import WorkerError
-from mjsched_isolated.supervisor.pool import Pool, describe_exit
+from mjsched_isolated.supervisor.pool import ChildEvent, Pool, describe_exit
 
 if TYPE_CHECKING:
     from mjsched_isolated.config import Settings
@@ -59,12 +59,13 @@ def inspect_plugins(settings: Settings, checks: Sequence[tuple[str, str | None]]
                 replies = [e.message for e in _next_events(pool, deadline)
                            if isinstance(e.message, protocol.ValidateReply)]
             errors.append(replies[0].error)
+        assert pool.last_ready is not None  # a worker is idle only once its Ready has arrived
         return PluginReport(pool.last_ready, errors)
     finally:
         pool.close()
 
 
-def _next_events(pool: Pool, deadline: float) -> list:
+def _next_events(pool: Pool, deadline: float) -> list[ChildEvent]:
     """One bounded wait on the pool; a dead child or the deadline is an error."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:

@@ -120,7 +120,7 @@ class Liveness:
             return
         try:
             self.store.stop_supervisor(self.instance)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - best effort at shutdown: the lease expires anyway
             log.warning("supervisor %s: could not mark itself stopped (%s); its lease will expire", self.instance,
                         _short(exc))
 

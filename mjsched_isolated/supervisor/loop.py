@@ -16,6 +16,7 @@ from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings, redact_url
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.records import JobRow
 from mjsched_isolated.supervisor import manual
 from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock
@@ -35,7 +36,8 @@ class Supervisor:
     """One supervisor process. ``store`` and ``pool`` are built by the caller (and closed by it); ``pool``
     is a :class:`~mjsched_isolated.supervisor.pool.Pool` or anything with its interface (the tests' fake)."""
 
-    def __init__(self, settings: Settings, store: Store, pool: Pool, metrics: metrics_mod.Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, store: Store, pool: Pool,
+                 metrics: metrics_mod.Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else metrics_mod.for_settings(settings)
         self.metrics.track_inflight(lambda: len(self.inflight))
@@ -312,7 +314,7 @@ class Supervisor:
         return self._wake(now, mono, self.drain_deadline)
 
     # -- manual runs ------------------------------------------------------------------------------
-    def run_now(self, job: dict, *, ready_timeout_s: float) -> int | None:
+    def run_now(self, job: JobRow, *, ready_timeout_s: float) -> int | None:
         """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
         :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
         return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)

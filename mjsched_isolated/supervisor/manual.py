@@ -7,10 +7,11 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mjsched_isolated.store.records import JobRow
     from mjsched_isolated.supervisor.loop import Supervisor
 
 
-def run_now(sup: Supervisor, job: dict, *, ready_timeout_s: float) -> int | None:
+def run_now(sup: Supervisor, job: JobRow, *, ready_timeout_s: float) -> int | None:
     """Run ``job`` (a job row) once now, through a worker of ``sup.pool``, and wait for it to be recorded.
 
     Skip and Queue jobs need the job's lease, so a live run refuses the request (None is returned);
@@ -30,7 +31,7 @@ def run_now(sup: Supervisor, job: dict, *, ready_timeout_s: float) -> int | None
         sup.liveness.stop()
 
 
-def _run(sup: Supervisor, job: dict, ready_timeout_s: float) -> int | None:
+def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
     give_up = time.monotonic() + ready_timeout_s
     while not sup.pool.idle_workers():
         if time.monotonic() >= give_up:

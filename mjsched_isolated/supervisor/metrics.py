@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from mjsched_isolated._version import __version__
 from mjsched_isolated.errors import InputError
 
 log = logging.getLogger("mjsched.metrics")
@@ -32,6 +33,12 @@ log = logging.getLogger("mjsched.metrics")
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0)
 KILL_REASONS = ("deadline", "fence", "shutdown")
+
+
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    """The metrics server on an IPv6 ``host`` (a host with ``:``)."""
+
+    address_family = socket.AF_INET6
 
 
 class Metrics:
@@ -80,9 +87,8 @@ class PrometheusMetrics(Metrics):
     a free port, see :attr:`address`). ``stall_after_s`` and ``rescan_interval_s`` give the stall bound."""
 
     def __init__(self, instance: str, host: str, port: int, stall_after_s: float, rescan_interval_s: float) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info  # noqa: PLC0415
-
-        from mjsched_isolated import __version__  # noqa: PLC0415
+        # prometheus_client is loaded only by a supervisor that serves metrics (metrics.port set)
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info  # noqa: PLC0415 - above
 
         self.instance, self.host, self.port = instance, host, port
         self.stall_bound_s = stall_after_s + rescan_interval_s
@@ -155,7 +161,8 @@ class PrometheusMetrics(Metrics):
     # -- health ------------------------------------------------------------------------------------
     def health(self, mono: float) -> tuple[bool, dict]:
         """(healthy, JSON body) at monotonic time ``mono``. Unhealthy when the database failed at the latest
-        poll or lease renewal (whichever came last), or no loop cycle completed within ``stall_after_s + rescan_interval_s``."""
+        poll or lease renewal (whichever came last), or no loop cycle completed within
+        ``stall_after_s + rescan_interval_s``."""
         age_s = round(mono - self.last_loop_mono, 3)
         body = {"instance": self.instance, "last_loop_age_s": age_s}
         if self.database_error is not None:
@@ -180,18 +187,18 @@ class PrometheusMetrics(Metrics):
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - scrapes are not logged
                 pass
 
-        server_class = ThreadingHTTPServer
-        if ":" in self.host:
-            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        server_class = _ThreadingHTTPServer6 if ":" in self.host else ThreadingHTTPServer
         try:
             self._server = server_class((self.host, self.port), Handler)
         except OSError as exc:
-            raise InputError("metrics.port", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise InputError("metrics.port",
+                             f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         self._server.daemon_threads = True
-        self.address = self._server.server_address[:2]
+        bound_host, bound_port = self._server.server_address[:2]  # an IPv6 address has 4 fields
+        self.address = (str(bound_host), bound_port)  # str already: bytes are for AF_UNIX only
         threading.Thread(target=self._server.serve_forever, name="mjsched-metrics", daemon=True).start()
-        host = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
-        log.info("metrics on http://%s:%d/metrics (health: /healthz)", host, self.address[1])
+        shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
+        log.info("metrics on http://%s:%d/metrics (health: /healthz)", shown, self.address[1])
 
     def stop_server(self) -> None:
         if self._server is not None:
@@ -200,7 +207,8 @@ class PrometheusMetrics(Metrics):
             self._server = None
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
+        # loaded with PrometheusMetrics, see __init__
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415 - above
 
         path = request.path.split("?", 1)[0]
         if path == "/metrics":

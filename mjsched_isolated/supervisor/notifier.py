@@ -32,6 +32,7 @@ from collections.abc import Callable
 from mjsched_isolated.config import Notifications
 from mjsched_isolated.errors import first_line
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.records import NotificationRow
 from mjsched_isolated.supervisor import channels as channels_mod
 from mjsched_isolated.supervisor.channels import Channel, DeliveryError
 
@@ -127,7 +128,7 @@ class Notifier:
                 self.deliver(row)
         return claimed
 
-    def deliver(self, row: dict) -> None:
+    def deliver(self, row: NotificationRow) -> None:
         """Deliver one claimed row and record the outcome."""
         channel = self.channels.get(row["channel"])
         try:
@@ -143,7 +144,7 @@ class Notifier:
         else:
             log.warning("notification %d delivered via %s after its claim expired", row["id"], row["channel"])
 
-    def _failed(self, row: dict, exc: Exception) -> None:
+    def _failed(self, row: NotificationRow, exc: Exception) -> None:
         if isinstance(exc, DeliveryError):
             error, permanent = str(exc), exc.permanent
         else:  # unexpected: the type only, since its text could carry anything

@@ -17,8 +17,9 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -42,7 +43,7 @@ RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
-    def __init__(self, slot: int, process: multiprocessing.Process, conn: Connection, started_mono: float) -> None:
+    def __init__(self, slot: int, process: BaseProcess, conn: Connection, started_mono: float) -> None:
         self.slot = slot
         self.process = process
         self.conn = conn
@@ -83,8 +84,8 @@ class Pool:
     the crash backoff. All methods are called from the supervisor's single thread.
     """
 
-    def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO, ready_timeout_s: float = 30.0,
-                 import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
+    def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
+                 ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text"):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
@@ -180,7 +181,7 @@ class Pool:
         protocol.send(worker.conn, request)
 
     # -- events ----------------------------------------------------------------------------------
-    def wait(self, timeout_s: float, extra: list[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
+    def wait(self, timeout_s: float, extra: Sequence[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
         """Block up to ``timeout_s`` for child messages, child deaths or a ready ``extra`` handle.
 
         Returns (child events, the ``extra`` handles that are ready). Also refills slots whose backoff

@@ -46,9 +46,9 @@ class Recorder:
         one transaction. ``duration_ms`` is ``now - started_at``, as the reference's ``completed_at -
         started_at``. ``notification``: the plugin's formatted notice. Never raises: an unreachable
         database keeps the outcome in :attr:`pending`."""
-        rows = notices.outbox_rows(notices.for_run(flight.job, flight.run_id, status=status, error_message=error_message,
-                                                   text=notification, scheduled_at=flight.scheduled_at),
-                                   self.settings.notifications.channels())
+        notice = notices.for_run(flight.job, flight.run_id, status=status, error_message=error_message,
+                                 text=notification, scheduled_at=flight.scheduled_at)
+        rows = notices.outbox_rows(notice, self.settings.notifications.channels())
         outcome = {"status": status, "success": success, "error_message": error_message, "details": details,
                    "count": count, "duration_ms": max(0.0, (now - flight.started_at).total_seconds() * 1000),
                    "notices": rows}
@@ -80,7 +80,7 @@ class Recorder:
         status, error_message, duration_ms = outcome["status"], outcome["error_message"], outcome["duration_ms"]
         try:
             recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any failure to record keeps the outcome (or retries it bare)
             if is_permanent_error(exc) and not refused:
                 log.error("run %d of job %s: the database refused its result (%s); recording %s without the "
                           "plugin's message, details and notices", flight.run_id, flight.job_name, _short(exc),

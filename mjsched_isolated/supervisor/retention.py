@@ -3,11 +3,11 @@
 Every ``retention.prune_interval_s`` a pass starts; each call of :meth:`Pruner.step` (one per loop step)
 deletes at most one batch of ``retention.prune_batch_size`` runs (one short transaction) and asks the loop
 to come back at once while more remain. The ids are read ``PREFETCH_BATCHES`` batches at a time: the read
-ranks every finished run (about 0.2 s per 100,000 runs on SQLite), so it is not repeated for each batch. When the pass ends it logs one
-summary line. ``keep_days = 0`` turns pruning off. The rules (keep ``keep_days`` days, and at least each
-job's newest ``keep_min_per_job``) are the store's. The reference engine has no run retention (reference
-spec §1.3, TODO #20); the shape follows Oban's ``Pruner`` (age limit) and Kubernetes CronJob's history
-limits (a per-job minimum), see peer-schedulers.md.
+ranks every finished run (about 0.2 s per 100,000 runs on SQLite), so it is not repeated for each batch.
+When the pass ends it logs one summary line. ``keep_days = 0`` turns pruning off. The rules (keep
+``keep_days`` days, and at least each job's newest ``keep_min_per_job``) are the store's. The reference
+engine has no run retention (reference spec §1.3, TODO #20); the shape follows Oban's ``Pruner`` (age
+limit) and Kubernetes CronJob's history limits (a per-job minimum), see peer-schedulers.md.
 """
 
 from __future__ import annotations

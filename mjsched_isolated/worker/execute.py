@@ -55,7 +55,7 @@ def event_loop() -> asyncio.AbstractEventLoop:
     later run in this process (a plugin's loop-bound clients stay usable), never closed before exit.
     asyncio is imported here, not at module level: it costs a worker ~8 MB that sync plugins never need."""
     global _loop
-    import asyncio
+    import asyncio  # noqa: PLC0415 - ~8 MB that sync plugins never need (see above)
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
     return _loop
@@ -122,7 +122,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protoco
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
     outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
     return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=clean_details(result.details), notification=notice_text(plugin, context, outcome))
+                                details=clean_details(result.details),
+                                notification=notice_text(plugin, context, outcome))
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
@@ -144,7 +145,7 @@ async def _await(awaitable: Any) -> object:
 def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel the tasks a run left on the loop and let them finish cancelling: no run's work leaks into
     the next (as ``asyncio.run`` does, without closing the loop)."""
-    import asyncio  # lazy: already loaded by event_loop()
+    import asyncio  # noqa: PLC0415 - lazy: already loaded by event_loop()
 
     pending = asyncio.all_tasks(loop)
     if not pending:

@@ -50,9 +50,7 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logs.configure(log_level, log_format, worker_pid=os.getpid())
-    from mjsched_isolated.worker.loader import (
-        load_plugins,  # lazy: only children load plugins
-    )
+    from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
     sender = PipeSender(conn)
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
