@@ -138,7 +138,8 @@ def test_three_supervisors_claim_each_occurrence_exactly_once(backend):
         if job["name"].startswith("skip-"):
             assert job["skipped_count"] > 0
     assert any(r["queued_at"] for r in runs if jobs[r["job_id"]]["concurrency_mode"] == "Queue")
-    assert max(_overlaps(by_job[j["id"]]) for j in jobs.values() if j["concurrency_mode"] == "Concurrent") >= 2  # they really overlapped
+    concurrent = [j for j in jobs.values() if j["concurrency_mode"] == "Concurrent"]
+    assert max(_overlaps(by_job[j["id"]]) for j in concurrent) >= 2  # they really overlapped
 
 
 # Recovery is database-specific (the lease and the sweep are SQL on each dialect's clock): every database
@@ -226,7 +227,7 @@ def test_frozen_supervisor_runs_are_fenced_by_its_workers_before_takeover(name, 
             s2 = Serve(url, *LEASE_ARGS)
             s2.wait_ready()
             os.kill(s1.proc.pid, signal.SIGSTOP)
-            assert wait_gone(busy + [grandchild], timeout_s=TTL_S) == []  # fenced by the worker's watchdog
+            assert wait_gone([*busy, grandchild], timeout_s=TTL_S) == []  # fenced by the worker's watchdog
             assert [r["id"] for r in store.list_runs(job_name="long")] == [run_id]  # before any takeover
             s2.wait_for(rf"run {run_id} of job \S+ marked Failed: abandoned", timeout_s=TTL_S + 10)
             s2.wait_for(r"run \d+ started: job long", timeout_s=10, seen=True)

@@ -174,7 +174,8 @@ def test_webhook_posts_signed_json_and_keeps_secrets_out_of_errors():
         assert headers["X-Mjsched-Signature"] == expected
         assert headers["Content-Type"] == "application/json"
         assert headers["X-Mjsched-Delivery"] == str(ROW["id"])  # the same on every attempt: receivers dedupe
-        assert json.loads(body) == {"id": ROW["id"], "event": "Failure", "job": "nightly", "run_id": 42, "subject": "nightly failed",
+        assert json.loads(body) == {"id": ROW["id"], "event": "Failure", "job": "nightly", "run_id": 42,
+                                    "subject": "nightly failed",
                                     "body": "Run 42 failed: disk full", "priority": "High",
                                     "details": {"status": "Failed"}, "created_at": "2026-01-02T03:04:05Z"}
         WebhookPost(WebhookChannel(url=server.url)).deliver(ROW)
@@ -210,7 +211,7 @@ def test_outbox_rows_are_written_in_the_finish_run_transaction(any_store: Store)
     claim = store.claim(job, now=now, next_run_at=now + dt.timedelta(hours=1), instance="me", lease_s=60,
                         deadline_at=now + dt.timedelta(minutes=5), scheduled_at=job["next_run_at"])
     assert claim is not None
-    bad = _notice_rows(job, claim.run_id) + [{**_notice_rows(job, claim.run_id)[0], "event": "Bogus"}]
+    bad = [*_notice_rows(job, claim.run_id), {**_notice_rows(job, claim.run_id)[0], "event": "Bogus"}]
     with pytest.raises(sa.exc.DBAPIError):  # the CHECK constraint rejects the last row: the whole transaction goes
         store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Failed", success=False,
                          error_message="x", details=None, duration_ms=1.0, notices=bad)
@@ -295,7 +296,7 @@ def test_a_failing_channel_never_changes_the_run_and_gives_up_after_max_attempts
         sender = Notifier(store, config, "sender", poll_interval_s=0.02, on_delivery_failure=failures.append).start()
         d.supervisor.notifier = sender
         add_job(store, "broken", "fail", "0 0 1 1 *")
-        d.until(lambda: store.list_runs(job_name="broken") and store.list_runs(job_name="broken")[0]["status"] != "Running")
+        d.until(lambda: [r for r in store.list_runs(job_name="broken") if r["status"] != "Running"])
         wait_until(lambda: store.list_notifications(status="Failed"), 15, "webhook row Failed")
         assert sender.stop(5)
         run = store.list_runs(job_name="broken")[0]
@@ -461,7 +462,8 @@ def test_a_result_the_database_refuses_is_recorded_without_the_plugin_text(tmp_p
             d.close()
         run = store.list_runs(job_name="refused")[0]
         assert run["status"] == "Failed" and run["details"] is None
-        assert run["error_message"].startswith("result refused by the database") and "ended Failed" in run["error_message"]
+        assert run["error_message"].startswith("result refused by the database")
+        assert "ended Failed" in run["error_message"]
         assert not [r for r in store.list_notifications() if r["job_name"] == "refused"]
         store.close()
 
@@ -519,7 +521,8 @@ def test_long_texts_fit_every_database_and_the_failure_notice_survives(any_store
     assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Failed", success=False,
                             error_message="x" * 200_000, details={"blob": "ü" * 50_000}, duration_ms=1.0, notices=rows)
     run = store.get_run(claim.run_id)
-    assert run["status"] == "Failed" and run["error_message"].startswith("x" * 1000) and "cut: 200000 bytes" in run["error_message"]
+    assert run["status"] == "Failed" and run["error_message"].startswith("x" * 1000)
+    assert "cut: 200000 bytes" in run["error_message"]
     assert run["details"]["truncated"] is True
     (note,) = store.list_notifications()
     assert note["body"].startswith("é" * 1000) and len(note["body"].encode()) <= 60_000

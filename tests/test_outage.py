@@ -251,10 +251,13 @@ def _restart_under_load(store: Store, url: str, ttl_s: float, renew_s: float) ->
     # the result that ended during the outage was kept and written once the server was back
     assert by_id[sleeper["id"]]["completed_at"] > up_at
     keeper_log = "".join(keeper.output)
-    assert re.search(rf"run {sleeper['id']} finished: job sleep-\d Completed", keeper_log[keeper_log.index(unrecorded):])
+    after_outage = keeper_log[keeper_log.index(unrecorded):]
+    assert re.search(rf"run {sleeper['id']} finished: job sleep-\d Completed", after_outage)
     pending_recorded = sum(log.count("not recorded yet") for log in logs)
-    print(f"postgres outage {outage_s:.2f} s (server down {(up_at - down_at).total_seconds():.2f} s); {len(in_flight)} run(s) in flight, {len(across)} recorded after "
-          f"the outage; {pending_recorded} result(s) kept pending and written later; {len(runs)} runs, {dict(statuses)}")
+    down_s = (up_at - down_at).total_seconds()
+    print(f"postgres outage {outage_s:.2f} s (server down {down_s:.2f} s); {len(in_flight)} run(s) in flight, "
+          f"{len(across)} recorded after the outage; {pending_recorded} result(s) kept pending and written later; "
+          f"{len(runs)} runs, {dict(statuses)}")
     for failure in failures:
         print("  first failure logged:", failure.strip()[:160])
 
