@@ -174,23 +174,28 @@ class BaseScheduledJob(Generic[ConfigT]):
     def format_notification(self, context: JobContext[ConfigT], result: ScheduledJobResult) -> NotificationContent:
         """Subject, body and priority of the notice for this run (reference §7.3 ``FormatNotification``).
 
-        Default: ``"<job> completed"`` at Normal priority, or ``"<job> failed"`` at High priority with the
-        error in the body.
+        Default: :func:`default_notification` — ``"<job> completed"`` at Normal priority, or ``"<job>
+        failed"`` at High priority with the error in the body.
         """
-        if result.success:
-            return NotificationContent(
-                subject=f"Scheduled job '{context.job_name}' completed",
-                body=f"Run {context.run_id} of job '{context.job_name}' ({self.job_type}) completed.",
-                priority="Normal",
-            )
-        return NotificationContent(
-            subject=f"Scheduled job '{context.job_name}' failed",
-            body=(
-                f"Run {context.run_id} of job '{context.job_name}' ({self.job_type}) failed: "
-                f"{result.error_message or 'no error message'}"
-            ),
-            priority="High",
-        )
+        return default_notification(context.job_name, context.run_id, success=result.success,
+                                    error_message=result.error_message, job_type=self.job_type)
+
+
+def default_notification(job_name: str, run_id: int, *, success: bool, error_message: str | None = None,
+                         job_type: str | None = None, timed_out: bool = False) -> NotificationContent:
+    """The one default notice text, used by :meth:`BaseScheduledJob.format_notification` in the worker and
+    by the supervisor for outcomes no plugin formatted (a crash, a deadline kill, an abandoned run).
+
+    ``"Scheduled job '<job>' completed"`` (Normal priority) or ``"... failed"`` / ``"... timed out"``
+    (High priority, the error in the body, ``"no error message"`` without one); ``job_type`` is named
+    in the body when given."""
+    run = f"Run {run_id} of job '{job_name}'" + (f" ({job_type})" if job_type else "")
+    if success:
+        return NotificationContent(subject=f"Scheduled job '{job_name}' completed", body=f"{run} completed.",
+                                   priority="Normal")
+    what = "timed out" if timed_out else "failed"
+    return NotificationContent(subject=f"Scheduled job '{job_name}' {what}",
+                               body=f"{run} {what}: {error_message or 'no error message'}", priority="High")
 
 
 def _field_message(exc: msgspec.ValidationError) -> str:

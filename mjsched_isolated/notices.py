@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from mjsched_isolated.api import default_notification
 from mjsched_isolated.protocol import NoticeText
 
 if TYPE_CHECKING:  # types only: importing the store at run time would pull SQLAlchemy in
@@ -71,14 +72,9 @@ def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
     else:
         return None
     if text is None:
-        if event == "Success":
-            text = NoticeText(subject=f"Scheduled job '{job['name']}' completed",
-                              body=f"Run {run_id} of job '{job['name']}' completed.", priority="Normal")
-        else:
-            what = "timed out" if status == "Timeout" else "failed"
-            text = NoticeText(subject=f"Scheduled job '{job['name']}' {what}",
-                              body=f"Run {run_id} of job '{job['name']}' {what}: {error_message or 'no error message'}",
-                              priority="High")
+        content = default_notification(job["name"], run_id, success=event == "Success", error_message=error_message,
+                                       timed_out=status == "Timeout")
+        text = NoticeText(subject=content.subject, body=content.body, priority=content.priority)
     details = {**(text.metadata or {}), "status": status}
     if scheduled_at is not None:
         details["scheduled_at"] = scheduled_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
