@@ -77,7 +77,26 @@ def _fields(cron_expression: str) -> list[str]:
             f"{cron_expression!r} has {len(fields)} fields; expected 5 (min hour dom month dow) "
             "or 6 (sec min hour dom month dow)",
         )
-    return fields
+    return _single_value_ranges(fields)
+
+
+def _single_value_ranges(fields: list[str]) -> list[str]:
+    """``3-3`` (or ``SUN-SUN``, ``3-3/2``) written as the single value ``3``: croniter reads a range whose
+    two ends are equal as the whole field (``0 3-3 * * *`` ran every hour)."""
+    offset = 1 if len(fields) == 6 else 0
+    out = []
+    for position, field in enumerate(fields):
+        names = _NAMES.get(position - offset, {})
+        parts = []
+        for part in field.split(","):
+            match = _RANGE.match(part.split("/")[0])
+            if match:
+                low, high = (names.get(v.upper()) if not v.isdigit() else int(v) for v in match.groups())
+                if low is not None and low == high:
+                    part = match.group(1)
+            parts.append(part)
+        out.append(",".join(parts))
+    return out
 
 
 def validate(cron_expression: str, timezone: str = "UTC") -> None:

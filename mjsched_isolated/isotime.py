@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
 
 UTC = dt.UTC
 
 
-def iso(when: dt.datetime | None, *, timespec: str = "auto", missing: str = "-") -> str:
+@overload
+def iso(when: dt.datetime, *, timespec: str = ..., missing: str | None = ...) -> str: ...
+@overload
+def iso(when: None, *, timespec: str = ..., missing: T = ...) -> T: ...
+@overload
+def iso(when: dt.datetime | None, *, timespec: str = ..., missing: T = ...) -> str | T: ...
+def iso(when: dt.datetime | None, *, timespec: str = "auto", missing: Any = "-") -> Any:
     """``when`` as ``2026-12-01T21:00:00.123456Z`` (aware: converted to UTC; naive: taken as UTC), or
     ``missing`` for None. ``timespec`` as for :meth:`datetime.isoformat` (``"seconds"`` for tables)."""
     if when is None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from mjsched_isolated.api import default_notification
+from mjsched_isolated.isotime import iso
 from mjsched_isolated.protocol import NoticeText
 
 if TYPE_CHECKING:  # types only: importing the store at run time would pull SQLAlchemy in
@@ -77,7 +78,7 @@ def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
         text = NoticeText(subject=content.subject, body=content.body, priority=content.priority)
     details = {**(text.metadata or {}), "status": status}
     if scheduled_at is not None:
-        details["scheduled_at"] = scheduled_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+        details["scheduled_at"] = iso(scheduled_at)
     if error_message and event == "Failure":
         details.setdefault("error_message", error_message)
     return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=run_id, subject=text.subject,

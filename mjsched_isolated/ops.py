@@ -285,8 +285,6 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     pool = Pool.from_settings(manual, size=1)
     try:
         run_id = Supervisor(manual, store, pool).run_now(job, ready_timeout_s=manual.worker_ready_timeout_s)
-    except LookupError as exc:
-        raise InputError("job_type", str(exc).split(": ", 1)[-1]) from None
     finally:
         pool.close()
     if run_id is not None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mjsched_isolated import cron
+from mjsched_isolated.cron import next_run_time
 from mjsched_isolated.errors import CronError, InputError
 
 UTC = dt.UTC
@@ -251,3 +252,18 @@ def test_the_supported_forms_are_stated():
     for form in ("5 fields", "6 with seconds first", "1,15", "1-5", "*/15", "MON-FRI", "L, W, #", "@hourly",
                  "@annually", "@midnight"):
         assert form in cron.SUPPORTED_FORMS
+
+
+@pytest.mark.parametrize(("expression", "first", "second"), [
+    ("0 3-3 * * *", "2026-12-01T03:00", "2026-12-02T03:00"),   # croniter alone ran this every hour
+    ("1-1 * * * *", "2026-12-01T00:01", "2026-12-01T01:01"),
+    ("0 0 5-5 * *", "2026-12-05T00:00", "2027-01-05T00:00"),
+    ("0 0 * * SUN-SUN", "2026-12-06T00:00", "2026-12-13T00:00"),
+    ("0 0 * * 7-7", "2026-12-06T00:00", "2026-12-13T00:00"),
+    ("0 3-3/2 * * *", "2026-12-01T03:00", "2026-12-02T03:00"),
+])
+def test_a_range_with_equal_ends_is_its_single_value(expression, first, second):
+    after = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    a = next_run_time(expression, "UTC", after)
+    b = next_run_time(expression, "UTC", a)
+    assert (a.strftime("%Y-%m-%dT%H:%M"), b.strftime("%Y-%m-%dT%H:%M")) == (first, second)

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from mjsched_isolated.isotime import iso
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # terminal escapes and the like (not tab or newline)
 
 
@@ -27,7 +29,7 @@ def fmt(value: Any) -> str:
     """A value as text: datetimes ``YYYY-MM-DDTHH:MM:SSZ``, floats with one decimal, None as ``-``,
     dicts and lists as compact JSON."""
     if isinstance(value, dt.datetime):
-        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso(value, timespec="seconds")
     if isinstance(value, float):
         return f"{value:.1f}"
     if isinstance(value, (dict, list)):

@@ -8,7 +8,6 @@ password or query string in the webhook URL) never appear in it. Every network c
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import hmac
 import json
@@ -23,6 +22,7 @@ from email.utils import formatdate, make_msgid
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
+from mjsched_isolated.isotime import iso
 
 if TYPE_CHECKING:
     from mjsched_isolated.store.records import NotificationRow
@@ -55,10 +55,6 @@ def _json_field(raw: Any) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw
-
-
-def _iso(when: dt.datetime | None) -> str | None:
-    return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if when else None
 
 
 def _scrub(text: str, secrets: tuple[str | None, ...]) -> str:
@@ -164,7 +160,7 @@ class WebhookPost:
         return json.dumps({
             "id": row.get("id"), "event": row["event"], "job": row["job_name"], "run_id": row["run_id"],
             "subject": row["subject"], "body": row["body"], "priority": row["priority"],
-            "details": _json_field(row.get("details")), "created_at": _iso(row.get("created_at")),
+            "details": _json_field(row.get("details")), "created_at": iso(row.get("created_at"), missing=None),
         }, sort_keys=True).encode("utf-8")
 
     def deliver(self, row: NotificationRow) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from mjsched_isolated.errors import NotFoundError
+
 if TYPE_CHECKING:
     from mjsched_isolated.store.records import JobRow
     from mjsched_isolated.supervisor.loop import Supervisor
@@ -17,9 +19,9 @@ def run_now(sup: Supervisor, job: JobRow, *, ready_timeout_s: float) -> int | No
     Skip and Queue jobs need the job's lease, so a live run refuses the request (None is returned);
     Concurrent jobs always start. The schedule (``next_run_at``) is left as it is. Raises ``TimeoutError``
     if no worker is ready within ``ready_timeout_s`` seconds or the database cannot be registered with,
-    ``LookupError`` for a job type no worker has. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into
-    one by the CLI) cancels the run and releases its lease, then propagates. Reads clocks: it is an outer
-    loop, like ``serve``. Returns the run id."""
+    :class:`NotFoundError` (field ``job_type``) for a job type no worker has. A ``KeyboardInterrupt``
+    (Ctrl-C, or SIGTERM turned into one by the CLI) cancels the run and releases its lease, then
+    propagates. Reads clocks: it is an outer loop, like ``serve``. Returns the run id."""
     sup.scheduling = False
     sup.pool.start()
     try:
@@ -39,7 +41,7 @@ def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
         sup.cycle(max_wait_s=give_up - time.monotonic())
     known = {p.job_type for p in sup.pool.last_ready.plugins} if sup.pool.last_ready else set()
     if job["job_type"] not in known:
-        raise LookupError(f"job_type {job['job_type']!r} is not available (see `plugins list`)")
+        raise NotFoundError("job_type", f"{job['job_type']!r} is not available (see `plugins list`)")
     now, mono = sup.read_clock()
     sup.keep_lease(now, mono)
     if not sup.liveness.valid(mono):
