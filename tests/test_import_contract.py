@@ -191,7 +191,8 @@ def test_workers_under_both_launchers_hold_no_database_code_and_the_same_memory(
         assert "mjsched_isolated.store" not in details["modules"]
         assert "mjsched_isolated.supervisor" not in details["modules"]
     script, module = facts["console script"], facts["python -m"]
-    assert script["main"].endswith("mjsched")  # the worker really was spawned from the console script
+    for details in (script, module):  # spawn ran the worker's own entry as its main, not the launcher's
+        assert details["main"].endswith(os.path.join("worker", "main.py")), details["main"]
     assert abs(len(script["modules"]) - len(module["modules"])) <= 5, (len(script["modules"]), len(module["modules"]))
     assert abs(script["rss_bytes"] - module["rss_bytes"]) <= 0.10 * module["rss_bytes"], (script["rss_bytes"],
                                                                                           module["rss_bytes"])
@@ -205,3 +206,34 @@ def test_a_plugin_printing_to_stdout_leaves_jobs_run_json_clean(tmp_path):
     assert details == {"printed": True}
     for text in ("PLUGIN-PRINT", "PLUGIN-FD1", "PLUGIN-SUBPROCESS"):
         assert text in stderr  # not lost: the worker's fd 1 is its fd 2
+
+
+APPLICATION = """
+import sqlalchemy  # the application's own heavy import, at the top level, and no __main__ guard
+from mjsched_isolated import Client
+
+print("application top level ran")
+client = Client({url!r}, plugins_dir={plugins!r})
+client.add_job("facts", job_type="report_modules", cron_expression="0 0 1 1 *")
+print("RESULT", json.dumps(client.get_run(client.run_job("facts")).details))
+"""
+
+
+def test_workers_of_an_application_using_the_client_never_rerun_its_main_module(tmp_path):
+    """Spawn re-runs the parent's main module in every child: an application calling ``Client.run_job``
+    at top level (no ``if __name__ == "__main__"`` guard) crashed with multiprocessing's bootstrapping
+    error, and a guarded one dragged all its imports (SQLAlchemy) into every worker. The worker runs its
+    own entry module as main instead: the application's code runs once, its imports stay out."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "worker_facts.py").write_text((Path(FIXTURE_PLUGINS) / "worker_facts.py").read_text())
+    script = tmp_path / "app.py"
+    script.write_text("import json\n" + APPLICATION.format(url=f"sqlite:///{tmp_path / 'app.db'}",
+                                                           plugins=str(plugins)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, check=False,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("application top level ran") == 1, proc.stdout
+    details = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert not [m for m in details["modules"] if m.split(".")[0] in HEAVY]
+    assert details["main"].endswith(os.path.join("worker", "main.py"))

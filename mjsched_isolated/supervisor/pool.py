@@ -11,13 +11,17 @@ is ready for any other reason backs off (1 s doubling to 60 s), so it cannot spi
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import logging
 import math
 import multiprocessing
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
@@ -139,7 +143,8 @@ class Pool:
                                                            self.import_timeout_s, self.fence_at, self.log_format,
                                                            dict(self.fatal_modules)),
                                name=f"mjsched-worker-{slot}", daemon=False)
-        process.start()
+        with _worker_main_module():
+            process.start()
         child_conn.close()
         worker = Worker(slot, process, parent_conn, time.monotonic())
         self.workers[slot] = worker
@@ -346,6 +351,32 @@ class Pool:
                   if w is not None and w.ready is None]
         times += [kill_after - now for _, kill_after in self._retiring]
         return max(0.0, min(times, default=3600.0))
+
+
+# The module a spawned worker runs as its ``__main__``: the worker's own entry module, not the parent's.
+WORKER_MAIN = "mjsched_isolated.worker.main"
+
+
+@contextlib.contextmanager
+def _worker_main_module() -> Iterator[None]:
+    """While a worker is spawned, present :data:`WORKER_MAIN` as the parent's ``__main__``.
+
+    The spawn start method re-runs the parent's main module in every child (as ``__mp_main__``) so that
+    pickled references into it resolve: for ``serve`` that re-imported the ``mjsched`` console script, and
+    for an application using :class:`~mjsched_isolated.Client` it re-ran the application itself (its
+    imports, and all its top-level code without an ``if __name__ == "__main__"`` guard, which crashed).
+    A worker needs nothing from the parent's main module (its target is ``worker.main.main``), so the
+    preparation data names the worker's entry module instead (``multiprocessing.spawn`` reads
+    ``sys.modules["__main__"].__spec__.name``, synchronously, inside ``Process.start``).
+    """
+    real = sys.modules["__main__"]
+    stand_in = types.ModuleType("__main__")
+    stand_in.__spec__ = importlib.util.find_spec(WORKER_MAIN)
+    sys.modules["__main__"] = stand_in
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
 
 
 def describe_exit(code: int | None) -> str:
