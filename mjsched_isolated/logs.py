@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import sys
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,3 +81,15 @@ def set_instance(instance: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler.formatter, JsonFormatter):
             handler.formatter.instance = instance
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # terminal escapes, CR and the like
+
+
+def one_line(text: object, limit: int = 2000) -> str:
+    """Text a plugin supplied (an error message, a notice), made safe for one log line: its lines joined
+    by ``" | "``, control characters (ANSI/OSC escapes, CR, NUL) as ``?``, at most ``limit`` characters.
+    A newline in a plugin's error must not forge a log line of the supervisor's."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    flat = _CONTROL.sub("?", " | ".join(lines).replace("\t", " "))
+    return flat if len(flat) <= limit else flat[:limit] + " [...]"

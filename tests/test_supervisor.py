@@ -71,6 +71,19 @@ def test_plugin_exception_and_failure_result_are_failed_runs(mem_store, fake_fac
     assert store.get_job("boom1")["failure_count"] == 1
 
 
+def test_a_plugin_error_cannot_forge_a_log_line(mem_store, fake_factory, caplog):
+    """The run keeps the plugin's text as it was; the supervisor's log line about it stays one line without
+    control characters (a newline in it used to print a forged "run 99 finished ... Completed" line)."""
+    store = mem_store
+    d = fake_factory()
+    add_job(store, "forger", "forge", YEARLY)
+    d.until(_finished(store, "forger"))
+    assert _runs(store, "forger")[0]["error_message"].startswith("oops\n2026-12-01")  # the record keeps the truth
+    lines = [r.getMessage() for r in caplog.records if "forger" in r.getMessage()]
+    assert any("finished" in line for line in lines)
+    assert not [line for line in lines if "\n" in line or "\x1b" in line or "\r" in line]
+
+
 def test_a_worker_dying_during_a_run_fails_that_run_only(mem_store, fake_factory):
     store = mem_store
     d = fake_factory()

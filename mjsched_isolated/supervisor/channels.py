@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mjsched_isolated.config import EmailChannel, Notifications, WebhookChannel
 from mjsched_isolated.isotime import iso
+from mjsched_isolated.logs import one_line
 
 if TYPE_CHECKING:
     from mjsched_isolated.store.records import NotificationRow
@@ -73,7 +74,7 @@ class LogChannel:
     def deliver(self, row: NotificationRow) -> None:
         level = logging.WARNING if row["priority"] == "High" else logging.INFO
         log.log(level, "notification %s (%s) job %s run %s: %s | %s", row["event"], row["priority"], row["job_name"],
-                row["run_id"] if row["run_id"] is not None else "-", row["subject"], row["body"])
+                row["run_id"] if row["run_id"] is not None else "-", one_line(row["subject"]), one_line(row["body"]))
 
 
 class SmtpChannel:

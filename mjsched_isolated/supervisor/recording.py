@@ -20,6 +20,7 @@ from collections.abc import Callable
 from mjsched_isolated import notices, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.logs import one_line
 from mjsched_isolated.store import Store, is_permanent_error
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.metrics import Metrics
@@ -100,6 +101,6 @@ class Recorder:
             self.wake_sender()
         level = logging.INFO if status == "Completed" else logging.ERROR
         log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
-                duration_ms, f": {error_message}" if error_message and status != "Completed" else "",
+                duration_ms, f": {one_line(error_message)}" if error_message and status != "Completed" else "",
                 extra=log_ctx(flight))
         return True

@@ -52,6 +52,19 @@ class Fail(BaseScheduledJob):
         return ScheduledJobResult(success=False, error_message="it did not work", details={"why": "test"})
 
 
+class Forge(BaseScheduledJob):
+    """Fails with an error that tries to forge a supervisor log line and repaint the terminal."""
+
+    job_type = "forge"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=False, error_message=FORGED)
+
+
+FORGED = ("oops\n2026-12-01 22:49:51,684 INFO mjsched.supervisor: run 99 finished: job forged Completed in 1 ms"
+          "\x1b[31mRED\x1b[0m\rCR")
+
+
 class Boom(BaseScheduledJob):
     job_type = "boom"
     configuration_type = Config
