@@ -34,6 +34,7 @@ from mjsched_isolated.enums import (
     MissedRunPolicy,
     RunStatus,
 )
+from mjsched_isolated.errors import InputError
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +114,8 @@ class Client:
     """
 
     def __init__(self, db_url: str, *, plugins_dir: str | None = None, settings: Settings | None = None) -> None:
+        if not isinstance(db_url, str):
+            raise InputError("db_url", f"must be a database URL string, got {type(db_url).__name__}")
         base = settings if settings is not None else Settings()
         changes: dict[str, Any] = {"database_url": db_url}
         if plugins_dir is not None:
@@ -148,7 +151,7 @@ class Client:
                   "configuration": configuration, **fields}
         return _job(ops.add_job(self._store, self.settings, values, self._now()))
 
-    def update_job(self, name: str, **fields: Any) -> Job:
+    def update_job(self, name: str, /, **fields: Any) -> Job:
         """Change fields of job ``name`` (store names, as :meth:`add_job`), keeping its runs and counters; a
         schedule change recomputes ``next_run_at``. Raises :class:`NotFoundError` / :class:`InputError`."""
         return _job(ops.update_job(self._store, self.settings, name, fields, self._now()))

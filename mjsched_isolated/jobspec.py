@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from mjsched_isolated import cron, planner
 from mjsched_isolated.config import is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
 from mjsched_isolated.errors import InputError, msgspec_field_error
+from mjsched_isolated.protocol import MAX_TEXT_BYTES
 
 JOB_STATUSES = values(JobStatus)
 CONCURRENCY_MODES = values(ConcurrencyMode)
@@ -81,8 +83,15 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
             fail(field, f"must be at most {limit} characters, got {len(text)}")
         if _CONTROL.search(text):  # a newline in a name forges log lines; PostgreSQL refuses NUL outright
             fail(field, f"must not contain control characters (newline, NUL, escape), got {text[:40]!r}")
+        if any(unicodedata.category(c) == "Cf" for c in text):  # bidi overrides, zero-width characters
+            fail(field, f"must not contain invisible formatting characters (bidi overrides, zero-width "
+                        f"spaces), got {text[:40]!r}")
     if spec.description is not None and _CONTROL_BUT_LAYOUT.search(spec.description):
         fail("description", "must not contain control characters other than tab and newline")
+    for field, value in (("description", spec.description),
+                         ("configuration", None if spec.configuration is None else json.dumps(spec.configuration))):
+        if value is not None and len(value.encode("utf-8")) > MAX_TEXT_BYTES:  # MariaDB's TEXT holds 65,535
+            fail(field, f"must be at most {MAX_TEXT_BYTES} bytes (as stored), got {len(value.encode('utf-8'))}")
     try:
         cron.validate(spec.cron_expression, spec.timezone)
     except InputError as exc:
@@ -111,7 +120,8 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     end_at = _aware(spec.end_at, zone)
     if start_at and end_at and end_at <= start_at:
         fail("end_at", "must be after start_at")
-    return msgspec.structs.replace(spec, start_at=start_at, end_at=end_at)
+    return msgspec.structs.replace(spec, start_at=start_at, end_at=end_at,
+                                   cron_expression=" ".join(spec.cron_expression.split()))
 
 
 def row_values(spec: JobSpec) -> dict[str, Any]:

@@ -94,10 +94,18 @@ def open_store(url: str, *, auto_upgrade: bool = False, must_exist: bool = False
         raise InputError(field, f"not a usable database URL {redact_url(url)!r} ({first_line(exc)})") from None
     except sa.exc.OperationalError as exc:
         reason = str(exc.orig).lower()
-        if getattr(exc, "connection_invalidated", False) or "connect" in reason or "unable to open" in reason:
+        unknown_database = getattr(exc.orig, "args", (None,))[:1] == (1049,)  # MySQL/MariaDB ER_BAD_DB_ERROR
+        if (getattr(exc, "connection_invalidated", False) or "connect" in reason or "unable to open" in reason
+                or unknown_database):
             raise InputError(field, f"cannot connect to {redact_url(url)!r}: "
                                     f"{str(exc.orig).strip().splitlines()[0]}") from None
         raise
+
+
+def require_existing_database(url: str, field: str = "--db") -> None:
+    """Raise :class:`InputError` naming ``field`` when ``url`` is a SQLite file that does not exist (a
+    read-only command must not create it)."""
+    _require_sqlite_file(url, field)
 
 
 def _require_sqlite_file(url: str, field: str) -> None:
@@ -342,7 +350,8 @@ def sync_jobs(store: Store, settings: Settings, path: str, now: dt.datetime) -> 
 def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
     """Settings (already valid), plugins imported in a child (a folder that cannot be read is a
     problem), ``jobs_file`` (default the configured one), and every job in the database (cron, zone,
-    type, configuration, notice recipients). An empty database is created at the newest revision."""
+    type, configuration, notice recipients). Writes nothing: a SQLite file that does not exist is a
+    problem, not a new database."""
     problems: list[str] = []
     plugins = settings.plugins_dir or "./plugins if present"
     channels = ", ".join(settings.notifications.channels())
@@ -363,8 +372,10 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
         except InputError as exc:
             problems.append(f"jobs file: {exc}")
     jobs: list[JobRow] = []
-    try:
-        store = open_store(settings.database_url)  # an empty database is created at the newest revision
+    try:  # read-only: a SQLite file that does not exist is a problem (a typo in --db), not a new database
+        store = open_store(settings.database_url, must_exist=True)
+    except InputError as exc:
+        problems.append(str(exc))
     except SchemaError as exc:  # outdated, or newer than this code: nothing else to check in it
         problems.append(str(exc))
     else:

@@ -428,3 +428,18 @@ def test_cron_aliases_are_accepted(cli):
     rows = json.loads(cli("cron", "next", "@weekly", "--after", "2024-01-01T00:00:00Z", "--count", "1",
                           "--json").stdout)
     assert rows[0]["utc"] == "2024-01-07T00:00:00Z"  # Sunday midnight
+
+
+def test_check_and_db_current_create_no_database_at_a_mistyped_path(cli, tmp_path):
+    missing = tmp_path / "typo.db"
+    result = cli("check", "--db", f"sqlite:///{missing}", "--plugins", FIXTURE_PLUGINS, expect=1)
+    assert "PROBLEM --db: no database at" in result.stdout
+    assert _error_line(cli("db", "current", "--db", f"sqlite:///{missing}", expect=2)).startswith(
+        "error: --db: no database at")
+    assert not missing.exists()
+
+
+def test_runs_list_limit_beyond_what_a_database_integer_holds_is_one_line(cli, tmp_path):
+    line = _error_line(cli("runs", "list", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--limit",
+                           "99999999999999999999", expect=2))
+    assert line.startswith("error: --limit: must be an integer from 1 to"), line

@@ -12,7 +12,7 @@ import pytest
 
 from mjsched_isolated import jobspec, planner
 from mjsched_isolated.errors import CronError, InputError
-from mjsched_isolated.jobspec import JobSpec
+from mjsched_isolated.jobspec import JobSpec, check
 
 UTC = dt.UTC
 
@@ -421,3 +421,21 @@ def test_a_description_keeps_tabs_and_lines_but_not_escapes():
     with pytest.raises(InputError) as info:
         jobspec.check(spec(description="red \x1b[31m or NUL \x00"))
     assert field_of(info) == "description"
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"name": "x\u200by"}, "name"),                          # a zero-width space: two names that look alike
+    ({"name": "a\u202eevil"}, "name"),                       # a right-to-left override repaints a listing
+    ({"description": "d" * 70_000}, "description"),          # over MariaDB's TEXT: a raw error there before
+    ({"configuration": {"blob": "c" * 70_000}}, "configuration"),
+])
+def test_invisible_characters_and_oversized_text_are_refused_naming_the_field(values, field):
+    spec = JobSpec(**{"name": "j", "job_type": "shell", "cron_expression": "* * * * *", **values})
+    with pytest.raises(InputError) as caught:
+        check(spec)
+    assert caught.value.field == field
+
+
+def test_the_cron_expression_is_stored_without_stray_whitespace():
+    assert check(JobSpec(name="j", job_type="shell", cron_expression="  */5  * * * *  ")).cron_expression == \
+        "*/5 * * * *"

@@ -136,8 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         outcome = ops.run_job(store, args.settings, args.name, on_paused=lambda job: render.note(
             f"job {job['name']!r} is Paused: running it once now, as asked; its schedule stays paused"))
         if outcome.queued:
-            print(f"job {render.safe(args.name)!r} is running; queued: its next run starts as soon as the live "
-                  "one ends")
+            if args.json:
+                render.print_json({"job_name": args.name, "queued": True, "run_id": None})
+            else:
+                print(f"job {render.safe(args.name)!r} is running; queued: its next run starts as soon as the "
+                      "live one ends")
             return Exit.OK
         assert outcome.run_id is not None
         run = ops.get_run(store, outcome.run_id)

@@ -13,10 +13,12 @@ from mjsched_isolated.errors import InputError, NotFoundError
 LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "started_at", "duration_ms", "error_message"]
 PRUNE_FLAGS = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
 
+MAX_LIMIT = 100_000  # more rows than a terminal or a JSON reader wants; SQLite integers end at 2**63
+
 
 def cmd_list(args: argparse.Namespace) -> int:
-    if args.limit < 1:
-        raise InputError("--limit", "must be a positive integer")
+    if not 1 <= args.limit <= MAX_LIMIT:
+        raise InputError("--limit", f"must be an integer from 1 to {MAX_LIMIT}, got {args.limit}")
     store = open_store(args)
     try:
         rows = ops.list_runs(store, job=args.job, status=args.status, limit=args.limit)

@@ -127,6 +127,7 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
 def cmd_db_current(args: argparse.Namespace) -> int:
     from mjsched_isolated.store import migrate, schema  # noqa: PLC0415 - loaded only where needed
 
+    ops.require_existing_database(args.settings.database_url)  # reads only: a typo in --db creates nothing
     engine = schema.connect(args.settings.database_url)
     try:
         state = migrate.check(engine)
