@@ -154,6 +154,7 @@ def test_serve_log_hides_database_and_channel_secrets(cli, tmp_path):
 
 def test_check_is_zero_when_all_is_well_and_lists_each_problem(cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'c.db'}"
+    Store.open(db).close()  # check reads only: the database must exist (a mistyped --db is a problem)
     ok = cli("check", "--db", db, "--plugins", PLUGINS)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "all is well" in ok.stdout and "shell" in ok.stdout
