@@ -13,7 +13,7 @@ from mjsched_isolated.errors import InputError, NotFoundError
 LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "started_at", "duration_ms", "error_message"]
 PRUNE_FLAGS = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
 
-MAX_LIMIT = 100_000  # more rows than a terminal or a JSON reader wants; SQLite integers end at 2**63
+MAX_LIMIT = 2**31 - 1  # every database's INTEGER holds it (SQLite overflowed past 2**63 with a traceback)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
