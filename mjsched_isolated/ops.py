@@ -87,7 +87,7 @@ def open_store(url: str, *, auto_upgrade: bool = False, must_exist: bool = False
     """:meth:`Store.open` with connection problems as :class:`InputError` on ``field``. ``must_exist``
     (read-only commands): a SQLite file that does not exist is an error, not a new empty database."""
     if must_exist:
-        _require_sqlite_file(url, field)
+        require_existing_database(url, field)
     try:
         return Store.open(url, auto_upgrade=auto_upgrade)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError) as exc:  # ValueError: e.g. a bad port
@@ -105,10 +105,6 @@ def open_store(url: str, *, auto_upgrade: bool = False, must_exist: bool = False
 def require_existing_database(url: str, field: str = "--db") -> None:
     """Raise :class:`InputError` naming ``field`` when ``url`` is a SQLite file that does not exist (a
     read-only command must not create it)."""
-    _require_sqlite_file(url, field)
-
-
-def _require_sqlite_file(url: str, field: str) -> None:
     try:
         parsed = sa.engine.make_url(url)
     except (sa.exc.ArgumentError, ValueError):

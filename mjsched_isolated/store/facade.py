@@ -79,6 +79,12 @@ class Store:
         """Close the engine's connections."""
         self.engine.dispose()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def db_now(self) -> dt.datetime:
         """The database server's current time (aware UTC)."""
         with self.engine.connect() as conn:

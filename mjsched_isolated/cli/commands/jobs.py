@@ -44,11 +44,8 @@ def _next(job: dict) -> str:
 def cmd_add(args: argparse.Namespace) -> int:
     now = utcnow()
     values = ops.prepare_job(args.settings, {"name": args.name, **_fields(args)}, now)  # before any database
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         job = ops.insert_job(store, values, now)
-    finally:
-        store.close()
     print(f"job {render.safe(job['name'])!r} added ({job['status']}); next run {_next(job)}")
     return Exit.OK
 
@@ -57,21 +54,15 @@ def cmd_update(args: argparse.Namespace) -> int:
     changes = _fields(args)
     if not changes:
         raise InputError("jobs update", "nothing to change: give at least one field option (see --help)")
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         job = ops.update_job(store, args.settings, args.name, changes, utcnow())
-    finally:
-        store.close()
     print(f"job {render.safe(job['name'])!r} updated ({job['status']}); next run {_next(job)}")
     return Exit.OK
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         rows = ops.list_jobs(store)
-    finally:
-        store.close()
     if args.json:
         render.print_json(rows)
     else:
@@ -80,11 +71,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         row = ops.get_job(store, args.name)
-    finally:
-        store.close()
     if args.json:
         render.print_json(row)
     else:
@@ -93,21 +81,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         ops.pause_job(store, args.name, utcnow())
-    finally:
-        store.close()
     print(f"job {render.safe(args.name)!r} paused (a run in progress is not interrupted)")
     return Exit.OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         job = ops.resume_job(store, args.name, utcnow())
-    finally:
-        store.close()
     if job["status"] == "Expired":
         print(f"job {render.safe(args.name)!r} expired: its end_at {render.fmt(job['end_at'])} has passed")
     else:
@@ -116,11 +98,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         ops.remove_job(store, args.name)
-    finally:
-        store.close()
     print(f"job {render.safe(args.name)!r} removed")
     return Exit.OK
 
@@ -161,10 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sync(args: argparse.Namespace) -> int:
     specs = ops.load_jobs_file(args.settings, args.file)  # before any database
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         created, updated = ops.apply_jobs(store, specs, utcnow())
-    finally:
-        store.close()
     print(f"{args.file}: {created} job(s) created, {updated} updated")
     return Exit.OK

@@ -36,11 +36,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     if not 0 < args.id < 2**63:
         raise NotFoundError("id", f"no run with id {args.id}")
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         row = ops.get_run(store, args.id)
-    finally:
-        store.close()
     if args.json:
         render.print_json(row)
     else:
@@ -56,11 +53,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except InputError as exc:
         given = args.keep_days is not None or args.keep_min_per_job is not None
         raise (exc.renamed(PRUNE_FLAGS.get(exc.field, exc.field)) if given else exc) from None
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         result = ops.prune(store, retention, dry_run=args.dry_run)
-    finally:
-        store.close()
     if args.json:
         render.print_json(result)
     elif retention.keep_days <= 0:

@@ -49,11 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    try:
+    with open_store(args) as store:
         report = ops.status(store)
-    finally:
-        store.close()
     if args.json:
         render.print_json(report)
         return Exit.OK
