@@ -188,9 +188,14 @@ class Store:
         """Running runs (of ``instance``) (:meth:`Leases.running_runs`)."""
         return self.leases.running_runs(instance)
 
-    def held_runs(self, run_ids: AbstractSet[int]) -> set[int]:
-        """Of ``run_ids``, those whose lease still carries their token (:meth:`Leases.held_runs`)."""
-        return self.leases.held_runs(run_ids)
+    def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
+        """Of these runs of ``instance``, those it still holds, each with who asked to cancel it
+        (:meth:`Leases.held_runs`)."""
+        return self.leases.held_runs(tokens, instance)
+
+    def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
+        """Ask the holder of a Running run to cancel it (:meth:`Leases.request_cancel`)."""
+        return self.leases.request_cancel(run_id, requested_by)
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,

@@ -54,6 +54,11 @@ def _release_stmt(job_id: int, token: str) -> sa.Update:
         lock_token=None, locked_at=None, locked_by_instance=None, expected_completion_at=None)
 
 
+def _token_is(token: str | None) -> sa.ColumnElement[bool]:
+    """The run row was claimed with ``token`` (None: a run without a lease)."""
+    return runs.c.lock_token.is_(None) if token is None else runs.c.lock_token == token
+
+
 def _stats_stmt(job_id: int, success: bool, duration_ms: float | None, completed_at: Any) -> sa.Update:
     """Counts, last_run_at and durations; never a lease column. The running average is assigned before
     ``run_count`` (MySQL evaluates SET left to right with updated values)."""
@@ -136,8 +141,8 @@ class Leases:
                     expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
                 if conn.execute(stmt).rowcount != 1:
                     return False
-            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
-                         .values(deadline_at=deadline_at))
+            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING,
+                                             _token_is(token)).values(deadline_at=deadline_at))
         return True
 
     def release(self, job_id: int, token: str) -> bool:
@@ -151,10 +156,11 @@ class Leases:
         """Record a run's terminal state (``status``, a :class:`RunStatus` other than Running), update the
         job's statistics (if ``count``), release its lease and write ``notices`` (outbox rows), in one
         transaction; ``error_message`` and ``details`` are fitted to the column cap (:mod:`.text`). Only a
-        run still ``Running`` is finished; returns False otherwise (e.g. it was abandoned meanwhile), and
-        then touches nothing else."""
+        run still ``Running`` and claimed with ``token`` is finished; returns False otherwise (e.g. it was
+        abandoned meanwhile), and then touches nothing else."""
         with self.engine.begin() as conn:
-            done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING).values(
+            done = conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING,
+                                                    _token_is(token)).values(
                 status=status, success=success, error_message=fit_text(error_message),
                 completed_at=schema.db_now(self.dialect), details=fit_json(details), duration_ms=duration_ms,
             )).rowcount == 1
@@ -176,16 +182,42 @@ class Leases:
         with self.engine.connect() as conn:
             return [cast(RunRow, dict(r)) for r in conn.execute(query).mappings()]
 
-    def held_runs(self, run_ids: AbstractSet[int]) -> set[int]:
-        """Of ``run_ids``, those still Running whose job lease (if they had one) still carries their token."""
-        if not run_ids:
-            return set()
-        query = (sa.select(runs.c.id).outerjoin(jobs, sa.and_(jobs.c.id == runs.c.job_id,
-                                                               jobs.c.lock_token == runs.c.lock_token))
-                 .where(runs.c.id.in_(sorted(run_ids)), runs.c.status == RunStatus.RUNNING,
-                        sa.or_(runs.c.lock_token.is_(None), jobs.c.id.is_not(None))))
+    def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
+        """Of the runs ``tokens`` (run id -> the job lease token it was claimed with, None for a run
+        without a lease), those still Running, executed by ``instance`` under that same token, and whose
+        job lease (if they had one) still carries it. Each held run maps to who asked to cancel it (its
+        ``cancel_requested_by``, ``"someone"`` if only the time was set) or None. Matching the token and
+        the instance, not the id alone, means a run row that is not this run's is never taken for it."""
+        if not tokens:
+            return {}
+        query = (sa.select(runs.c.id, runs.c.lock_token, runs.c.cancel_requested_at, runs.c.cancel_requested_by,
+                           jobs.c.lock_token.label("job_token"))
+                 .outerjoin(jobs, jobs.c.id == runs.c.job_id)
+                 .where(runs.c.id.in_(sorted(tokens)), runs.c.status == RunStatus.RUNNING,
+                        runs.c.executed_by_instance == instance))
         with self.engine.connect() as conn:
-            return set(conn.execute(query).scalars())
+            rows = conn.execute(query).mappings().all()
+        held: dict[int, str | None] = {}
+        for row in rows:
+            token = tokens[row["id"]]
+            if row["lock_token"] != token or (token is not None and row["job_token"] != token):
+                continue
+            held[row["id"]] = ((row["cancel_requested_by"] or "someone")
+                               if row["cancel_requested_at"] is not None else None)
+        return held
+
+    def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
+        """Ask whichever supervisor holds run ``run_id`` to cancel it: sets ``cancel_requested_at`` (DB
+        clock) and ``cancel_requested_by`` on the row if it is still Running (a repeated request keeps the
+        first time and asker). Returns the row as it is afterwards, None if no run has that id. The
+        holder sees the request at its next lease renewal (:meth:`held_runs`)."""
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING,
+                                             runs.c.cancel_requested_at.is_(None))
+                         .values(cancel_requested_at=schema.db_now(self.dialect),
+                                 cancel_requested_by=requested_by[:255]))
+            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+        return None if row is None else cast(RunRow, dict(row))
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
