@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from pathlib import Path
 
 import psutil
@@ -20,6 +21,7 @@ from conftest import add_job, wait_gone
 
 from mjsched_isolated.config import Settings
 from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.trouble import Trouble
 
 YEARLY = "0 0 1 1 *"  # never due again within a test: each job runs once, when added
 
@@ -593,3 +595,39 @@ def test_a_manual_run_runs_only_that_job_and_leaves_its_schedule(mem_store, fake
     assert live is not None
     store.register_supervisor("other", "host", 1, 600)
     assert d.supervisor.run_now(store.get_job("manual"), ready_timeout_s=5) is None
+
+
+def test_a_failing_poll_is_logged_once_then_counted(mem_store, fake_factory, caplog):
+    """The database refuses every poll (here: the jobs table is gone) for eight steps: one line, then one
+    line when polls work again, with the count; /healthz's source (the metrics hook) sees each failure."""
+    store = mem_store
+    d = fake_factory(rescan_interval_s=0.25)
+    at = d.timeline()
+    at(0)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE jobs RENAME TO jobs_away")
+    for step in range(1, 9):
+        at(step * 0.25)
+    assert caplog.text.count("poll failed") == 1 and "no such table: jobs" in caplog.text
+    assert d.supervisor.poll_trouble.count == 8
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE jobs_away RENAME TO jobs")
+    at(3)
+    assert "poll works again after 8 failure(s) over 2.8 s" in caplog.text
+    assert not d.supervisor.poll_trouble.failing
+
+
+def test_trouble_reminds_with_the_count_at_most_every_remind_s_and_when_the_reason_changes(caplog):
+    trouble = Trouble(logging.getLogger("test.trouble"), "poll", remind_s=60)
+    with caplog.at_level(logging.WARNING, "test.trouble"):
+        for second in range(0, 130):
+            trouble.failed("connection refused", float(second))
+        trouble.failed("server closed the connection", 130.0)
+        trouble.recovered(131.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "poll failed (connection refused); repeats are counted and logged at most every 60 s",
+        "poll still failing: 61 failure(s) in 60 s (60 since the last report); latest: connection refused",
+        "poll still failing: 121 failure(s) in 120 s (60 since the last report); latest: connection refused",
+        "poll still failing: 131 failure(s) in 130 s (10 since the last report); latest: server closed the connection",
+        "poll works again after 131 failure(s) over 131.0 s"]

@@ -28,6 +28,7 @@ from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
 from mjsched_isolated.supervisor.retention import Pruner
+from mjsched_isolated.supervisor.trouble import Trouble
 
 log = logging.getLogger("mjsched.supervisor")
 
@@ -62,6 +63,7 @@ class Supervisor:
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
+        self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self._signals = 0
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
 
@@ -183,9 +185,11 @@ class Supervisor:
                 self.dispatcher.dispatch_due(now)
                 next_due = self.dispatcher.next_due_at()
                 self.metrics.poll(None)
+                self.poll_trouble.recovered(mono)
             except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
                 self.metrics.poll(_short(exc))
-                log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
+                self.poll_trouble.failed(_short(exc), mono,
+                                         f"; retrying every {self.settings.rescan_interval_s:g} s")
                 self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
         return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))

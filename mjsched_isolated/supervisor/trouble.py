@@ -1,0 +1,54 @@
+"""A repeating failure logged once, not at every try: :class:`Trouble`.
+
+The loop polls every ``rescan_interval_s`` and renews every second while the database is away; logging
+each failure would bury the log (issue 12: "poll failures are logged every second, not once as
+documented"). A :class:`Trouble` logs the first failure, a reminder with the count of repeats at most every
+:data:`REMIND_S` seconds (and at once if the reason changes), and one line when it is over, with how many
+tries failed over how long. Times are monotonic seconds passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+
+REMIND_S = 60.0
+
+
+class Trouble:
+    """One kind of failure (``what``: "poll", "lease renewal", ...) reported on ``logger``."""
+
+    def __init__(self, logger: logging.Logger, what: str, remind_s: float = REMIND_S) -> None:
+        self.log = logger
+        self.what = what
+        self.remind_s = remind_s
+        self.since: float | None = None  # monotonic start of the current trouble
+        self.count = 0  # failures since then
+        self.reason: str | None = None
+        self._reminded_at = 0.0
+        self._reminded_count = 0
+
+    @property
+    def failing(self) -> bool:
+        return self.since is not None
+
+    def failed(self, reason: str, mono: float, extra: str = "") -> None:
+        """A failure at ``mono``: logged if it is the first, if ``reason`` changed, or as a reminder with the
+        count of repeats once ``remind_s`` passed since the last line. ``extra``: appended to the first line."""
+        self.count += 1
+        if self.since is None:
+            self.since, self.reason, self._reminded_at, self._reminded_count = mono, reason, mono, self.count
+            self.log.warning("%s failed (%s)%s; repeats are counted and logged at most every %.0f s", self.what,
+                             reason, extra, self.remind_s)
+            return
+        changed = reason != self.reason
+        if changed or mono - self._reminded_at >= self.remind_s:
+            self.log.warning("%s still failing: %d failure(s) in %.0f s (%d since the last report); latest: %s",
+                             self.what, self.count, mono - self.since, self.count - self._reminded_count, reason)
+            self.reason, self._reminded_at, self._reminded_count = reason, mono, self.count
+
+    def recovered(self, mono: float) -> None:
+        """A success: if failing, log the end with the count and duration, and reset."""
+        if self.since is None:
+            return
+        self.log.warning("%s works again after %d failure(s) over %.1f s", self.what, self.count, mono - self.since)
+        self.since, self.count, self.reason = None, 0, None
