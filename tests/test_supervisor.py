@@ -17,9 +17,11 @@ from pathlib import Path
 
 import psutil
 import sqlalchemy as sa
-from conftest import add_job, wait_gone
+from conftest import FIXTURE_PLUGINS, Driver, add_job, wait_gone
+from fakes import FakePool
 
 from mjsched_isolated.config import Settings
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
 from mjsched_isolated.supervisor.trouble import Trouble
 
@@ -631,3 +633,25 @@ def test_trouble_reminds_with_the_count_at_most_every_remind_s_and_when_the_reas
         "poll still failing: 121 failure(s) in 120 s (60 since the last report); latest: connection refused",
         "poll still failing: 131 failure(s) in 130 s (10 since the last report); latest: server closed the connection",
         "poll works again after 131 failure(s) over 131.0 s"]
+
+
+def test_a_sqlite_file_deleted_under_the_supervisor_stops_dispatch_and_is_reported(tmp_path, caplog):
+    """SQLite keeps writing to a deleted file through its open descriptor: the supervisor must notice,
+    dispatch nothing more, and say so once."""
+    path = tmp_path / "m.db"
+    store = Store.open(f"sqlite:///{path}")
+    d = Driver(store, f"sqlite:///{path}", pool=FakePool(1, FIXTURE_PLUGINS), max_concurrent_jobs=1,
+               rescan_interval_s=0.25).start()
+    try:
+        at = d.timeline()
+        add_job(store, "later", "ok", YEARLY, next_run_at=at(0) + dt.timedelta(seconds=1))
+        for p in tmp_path.glob("m.db*"):
+            p.unlink()
+        for step in range(1, 13):
+            at(step * 0.25)
+        assert _runs(store, "later") == []  # due at 1 s, never dispatched
+        assert caplog.text.count("poll failed") == 1 and f"database file {path} was deleted" in caplog.text
+        assert d.supervisor.poll_trouble.count >= 11
+    finally:
+        d.close()
+        store.close()

@@ -28,7 +28,7 @@ from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
 from mjsched_isolated.supervisor.retention import Pruner
-from mjsched_isolated.supervisor.trouble import Trouble
+from mjsched_isolated.supervisor.trouble import DatabaseFile, Trouble
 
 log = logging.getLogger("mjsched.supervisor")
 
@@ -64,6 +64,7 @@ class Supervisor:
                                      self._wake_sender)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
+        self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
         self._signals = 0
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
 
@@ -180,6 +181,7 @@ class Supervisor:
         next_due = None
         if self.liveness.valid(mono):
             try:
+                self.db_file.check()
                 if self.dispatcher.next_rescan_at is None or now >= self.dispatcher.next_rescan_at:
                     self.dispatcher.rescan(now)
                 self.dispatcher.dispatch_due(now)

@@ -1,4 +1,5 @@
-"""A repeating failure logged once, not at every try: :class:`Trouble`.
+"""A repeating failure logged once, not at every try (:class:`Trouble`), and a SQLite file deleted or
+replaced under a running supervisor (:class:`DatabaseFile`).
 
 The loop polls every ``rescan_interval_s`` and renews every second while the database is away; logging
 each failure would bury the log (issue 12: "poll failures are logged every second, not once as
@@ -10,6 +11,10 @@ tries failed over how long. Times are monotonic seconds passed in by the caller.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
+
+import sqlalchemy as sa
 
 REMIND_S = 60.0
 
@@ -52,3 +57,46 @@ class Trouble:
             return
         self.log.warning("%s works again after %d failure(s) over %.1f s", self.what, self.count, mono - self.since)
         self.since, self.count, self.reason = None, 0, None
+
+
+class DatabaseLostError(Exception):
+    """The SQLite file this supervisor opened is gone or is another file now."""
+
+
+class DatabaseFile:
+    """The identity (device, inode) of the SQLite file a supervisor opened. SQLite keeps writing to a
+    deleted file through its open descriptor, unnoticed, while the next CLI command creates a new empty
+    database at the path (issue 12); :meth:`check` (one ``stat`` per loop step) turns that into a poll
+    failure: nothing more is dispatched, the failure is logged once and ``/healthz`` is unhealthy."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.identity = self._identity() if path is not None else None
+
+    @classmethod
+    def of(cls, url: sa.engine.URL) -> DatabaseFile:
+        """For a file-backed SQLite URL; a no-op checker for anything else (memory, servers)."""
+        database = url.database or ""
+        if not url.drivername.startswith("sqlite") or database in ("", ":memory:") or database.startswith("file:"):
+            return cls(None)
+        return cls(Path(database).resolve())
+
+    def _identity(self) -> tuple[int, int] | None:
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check(self) -> None:
+        """Raise :class:`DatabaseLostError` if the file was deleted or replaced since it was opened."""
+        if self.path is None or self.identity is None:
+            return
+        now = self._identity()
+        if now is None:
+            raise DatabaseLostError(f"database file {self.path} was deleted while this supervisor had it open; "
+                                    "nothing is dispatched until it is restored (restart serve to use a new one)")
+        if now != self.identity:
+            raise DatabaseLostError(f"database file {self.path} was replaced by another file while this "
+                                    "supervisor had it open; nothing is dispatched (restart serve to use it)")
