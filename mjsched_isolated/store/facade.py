@@ -213,6 +213,10 @@ class Store:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""
         return self.supervisors.renew_supervisor(instance, ttl_s)
 
+    def read_only_reason(self) -> str | None:
+        """Why the database refuses writes, or None (:meth:`Supervisors.read_only_reason`)."""
+        return self.supervisors.read_only_reason()
+
     def stop_supervisor(self, instance: str) -> None:
         """End ``instance``'s liveness lease now (:meth:`Supervisors.stop_supervisor`)."""
         self.supervisors.stop_supervisor(instance)

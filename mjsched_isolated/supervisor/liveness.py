@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.trouble import Trouble, is_read_only_error
 
 log = logging.getLogger("mjsched.liveness")
 
@@ -47,6 +48,7 @@ class Liveness:
         self._offset_measured = False
         self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
+        self.trouble = Trouble(log, f"supervisor {instance}: lease renewal")  # logged once, then counted
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
 
@@ -74,12 +76,15 @@ class Liveness:
                 db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
                 self.registered = True
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
+            reason = _short(exc)
+            if is_read_only_error(exc):
+                reason = f"the database refuses writes (read-only): {reason}"
             if self.on_renewal is not None:
-                self.on_renewal(_short(exc))
+                self.on_renewal(reason)
             if self.failing_since is None:
                 self.failing_since = mono
-                log.warning("supervisor %s: lease renewal failed (%s); retrying every %.0f s, fencing in %.1f s",
-                            self.instance, _short(exc), RETRY_S, max(0.0, self.valid_until - mono))
+            self.trouble.failed(reason, mono, f"; retrying every {RETRY_S:.0f} s, fencing in "
+                                              f"{max(0.0, self.valid_until - mono):.1f} s")
             self.next_renew = mono + RETRY_S
             return False
         if self.on_renewal is not None:
@@ -94,7 +99,8 @@ class Liveness:
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:
-            log.warning("supervisor %s: lease renewed again after %.1f s", self.instance, mono - self.failing_since)
+            log.warning("supervisor %s: lease renewed again after %.1f s (%d failed tries)", self.instance,
+                        mono - self.failing_since, self.trouble.reset())
             self.failing_since = None
         return True
 

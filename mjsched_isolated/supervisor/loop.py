@@ -246,7 +246,8 @@ class Supervisor:
 
     # -- serve: signals and the outer loop ----------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
-        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0."""
+        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0; 1 if it
+        never managed to register with the database (a read-only database, say: it ran nothing)."""
         rsock, wsock = socket.socketpair()
         for sock in (rsock, wsock):
             sock.setblocking(False)
@@ -275,6 +276,10 @@ class Supervisor:
                 self.notifier.stop()
             self.liveness.stop()
             self.metrics.stop_server()
+        if not self.liveness.registered:
+            log.error("supervisor %s stopped without ever registering with the database (%s): it ran nothing",
+                      self.settings.instance, self.liveness.trouble.reason or "no renewal was attempted")
+            return 1
         log.info("supervisor %s stopped", self.settings.instance)
         return 0
 

@@ -51,12 +51,25 @@ class Trouble:
                              self.what, self.count, mono - self.since, self.count - self._reminded_count, reason)
             self.reason, self._reminded_at, self._reminded_count = reason, mono, self.count
 
+    def reset(self) -> int:
+        """End the trouble without a line (the caller says it its own way); returns the failure count."""
+        count = self.count
+        self.since, self.count, self.reason = None, 0, None
+        return count
+
     def recovered(self, mono: float) -> None:
         """A success: if failing, log the end with the count and duration, and reset."""
         if self.since is None:
             return
         self.log.warning("%s works again after %d failure(s) over %.1f s", self.what, self.count, mono - self.since)
         self.since, self.count, self.reason = None, 0, None
+
+
+def is_read_only_error(exc: BaseException) -> bool:
+    """Does ``exc`` say the database refuses writes (SQLite "attempt to write a readonly database",
+    PostgreSQL "cannot execute ... in a read-only transaction", MySQL "--read-only option")?"""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return any(marker in text for marker in ("readonly database", "read-only", "read only"))
 
 
 class DatabaseLostError(Exception):
