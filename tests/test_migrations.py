@@ -22,15 +22,17 @@ from clirun import Cli
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
 from procs import Serve
 
+from mjsched_isolated import planner
 from mjsched_isolated.store import Store, migrate, schema
 from mjsched_isolated.store.schema import jobs, runs, supervisors
 
 UTC = dt.UTC
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 HEAD = migrate.head_revision()
-OUTDATED = ("database schema is at revision 0001, this version needs 0002: run `python -m mjsched_isolated db "
+OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: run `python -m mjsched_isolated db "
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
+TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy"}  # 0007
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -124,10 +126,10 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 adds."""
+    """What 0001 should be: the current schema minus what 0002 (and later revisions) add."""
     out = {k: v for k, v in reflected.items() if k != "notifications"}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
     return out
 
 
@@ -211,6 +213,33 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
 
 
 @pytest.mark.timeout(60)
+def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url):
+    """0002 -> 0007 with data: nothing changes, every existing job gets Shift / OnceIfFixedHour (the rules
+    it had), and the planner reads the upgraded row as before."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        with engine.begin() as conn:
+            command.upgrade(migrate.config(conn), "0007")
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(jobs.c.id, jobs.c.dst_gap_policy, jobs.c.dst_fold_policy)
+                                .order_by(jobs.c.id)).all()
+        assert [tuple(r) for r in rows] == [(1, "Shift", "OnceIfFixedHour"), (2, "Shift", "OnceIfFixedHour")]
+        store = Store.open(backend_url, auto_upgrade=True)
+        try:
+            job = store.get_job("leased")
+            assert planner.occurrence_after(job, T0) == dt.datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_migrated_schema_equals_metadata(backend, tmp_path):
     """Guards 0001/0002 against drifting from schema.py: fresh migrated == create_all, and 0001 == the
@@ -287,7 +316,7 @@ def test_serve_auto_upgrade_upgrades_then_runs_a_job(db_url):
                                           next_run_at=now, created_at=now, updated_at=now))
     serve = Serve(db_url, "--auto-upgrade")
     try:
-        serve.wait_for(r"database schema upgraded from 0001 to 0002")
+        serve.wait_for(rf"database schema upgraded from 0001 to {HEAD}")
         serve.wait_for(r"run \d+ finished: job due Completed")
     finally:
         serve.stop()
@@ -301,11 +330,11 @@ def test_db_current_and_upgrade(cli, db_url):
     proc = cli("db", "current", "--db", db_url)
     assert (proc.returncode, proc.stdout) == (1, OUTDATED + "\n")
     proc = cli("db", "upgrade", "--db", db_url, "--log-level", "WARNING")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "database schema upgraded: 0001 -> 0002\n", "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"database schema upgraded: 0001 -> {HEAD}\n", "")
     proc = cli("db", "current", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema is at revision 0002 (head): up to date\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema is at revision {HEAD} (head): up to date\n")
     proc = cli("db", "upgrade", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema already at 0002 (head): nothing to do\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema already at {HEAD} (head): nothing to do\n")
     engine = schema.connect(db_url)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))
