@@ -30,6 +30,8 @@ from mjsched_isolated import ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.enums import (
     ConcurrencyMode,
+    DstFoldPolicy,
+    DstGapPolicy,
     JobStatus,
     MissedRunPolicy,
     RunStatus,
@@ -68,6 +70,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     notify_on_failure: bool = True
     notify_on_missed: bool = False
     notify_recipients: list[str] | None = None
+    dst_gap_policy: DstGapPolicy = DstGapPolicy.SHIFT
+    dst_fold_policy: DstFoldPolicy = DstFoldPolicy.ONCE_IF_FIXED_HOUR
     locked_at: dt.datetime | None = None
     locked_by_instance: str | None = None
     expected_completion_at: dt.datetime | None = None
@@ -146,7 +150,8 @@ class Client:
         """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
         fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
         ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
-        ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``). The
+        ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
+        knobs ``dst_gap_policy``, ``dst_fold_policy``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
         the field (``name`` if taken); nothing is written then."""
         values = {"name": name, "job_type": job_type, "cron_expression": cron_expression, "timezone": timezone,

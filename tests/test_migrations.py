@@ -22,6 +22,7 @@ from clirun import Cli
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
 from procs import Serve
 
+from mjsched_isolated import planner
 from mjsched_isolated.store import Store, migrate, schema
 from mjsched_isolated.store.schema import jobs, runs, supervisors
 
@@ -32,6 +33,7 @@ OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: ru
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
 NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
+TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy"}  # 0007
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -132,10 +134,10 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 and 0003 add."""
+    """What 0001 should be: the current schema minus what 0002 and later revisions add."""
     out = {k: v for k, v in reflected.items() if k != "notifications"}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
                                                if k not in NEW_RUN_COLUMNS}}
     return out
@@ -266,6 +268,32 @@ def test_0003_keeps_every_row_and_id_and_ids_are_never_reused(backend_url):
                 created_at=T0)).inserted_primary_key
         newest_run = max(r["id"] for r in before["runs"])
         assert (run_id[0], job_id[0], note_id[0]) == (newest_run + 1, 3, 6)  # not 1, 1, 1: nothing reused
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url):
+    """0002 -> 0007 with data: nothing changes, every existing job gets Shift / OnceIfFixedHour (the rules
+    it had), and the planner reads the upgraded row as before."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(jobs.c.id, jobs.c.dst_gap_policy, jobs.c.dst_fold_policy)
+                                .order_by(jobs.c.id)).all()
+        assert [tuple(r) for r in rows] == [(1, "Shift", "OnceIfFixedHour"), (2, "Shift", "OnceIfFixedHour")]
+        store = Store.open(backend_url, auto_upgrade=True)
+        try:
+            job = store.get_job("leased")
+            assert planner.occurrence_after(job, T0) == dt.datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
+        finally:
+            store.close()
     finally:
         engine.dispose()
 

@@ -140,6 +140,9 @@ jobs = sa.Table(
     sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("notify_recipients", sa.Text),  # JSON list of addresses; none: the channel's own recipients
+    # -- time knobs (revision 0007); values checked by jobspec, an edited bad one makes the job "bad" --
+    sa.Column("dst_gap_policy", sa.String(20), nullable=False, server_default="Shift"),
+    sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
