@@ -4,6 +4,7 @@ The decisions live in the parts it calls (see the package docstring for the whol
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import signal
@@ -23,7 +24,7 @@ from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.dispatch import Dispatcher
 from mjsched_isolated.supervisor.guard import RunGuard
 from mjsched_isolated.supervisor.inflight import InFlight
-from mjsched_isolated.supervisor.liveness import Liveness
+from mjsched_isolated.supervisor.liveness import Liveness, Renewer
 from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
@@ -58,6 +59,8 @@ class Supervisor:
         self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
                                  self.clock.local_now)
         self.liveness.on_renewal = self.metrics.lease_renewal
+        self.renewer: Renewer | None = None  # serve's renewal thread; None: renewed inline by keep_lease
+        self._renewals_seen = 0
         self.recorder = Recorder(settings, store, self.metrics, self._wake_sender)
         self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
@@ -114,6 +117,8 @@ class Supervisor:
         if not self.clock.notice_wall_jump(local, mono):
             return False
         self.liveness.next_renew = float("-inf")  # keep_lease re-measures the database clock in this step
+        if self.renewer is not None:
+            self.renewer.poke()
         return True
 
     def follow_time_jump(self, now: dt.datetime, mono: float) -> float:
@@ -133,10 +138,17 @@ class Supervisor:
         return jump_s
 
     def keep_lease(self, now: dt.datetime, mono: float) -> None:
-        """Renew the liveness lease when due; fence (kill and fail) runs whose lease is lost, and every run
-        once the lease can no longer be trusted locally."""
-        if self.liveness.maintain(mono):
-            self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+        """Renew the liveness lease when due (or, under ``serve``, see whether the :class:`Renewer` thread
+        renewed it); after a renewal, fence (kill and fail) runs whose lease is lost and cancel those asked
+        to be; fence every run once the lease can no longer be trusted locally."""
+        if self.renewer is not None:
+            renewed = self.renewer.renewals != self._renewals_seen
+            self._renewals_seen = self.renewer.renewals
+        else:
+            renewed = self.liveness.maintain(mono)
+            if renewed:
+                self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+        if renewed:
             self.guard.fence_unheld(now)
         if self.inflight and not self.liveness.valid(mono):
             self.guard.fence_all(now)
@@ -207,7 +219,9 @@ class Supervisor:
 
     def _wake(self, now: dt.datetime, mono: float, *candidates: dt.datetime | None) -> dt.datetime:
         wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
-        renew_at = now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono))
+        # under serve the renewal thread wakes the loop itself (see serve); inline, the loop renews
+        renew_at = (None if self.renewer is not None
+                    else now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono)))
         retry_at = now + dt.timedelta(seconds=1) if self.recorder.pending else None
         # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
         fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
@@ -259,6 +273,13 @@ class Supervisor:
             self.pool.start()
             self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
                                      on_delivery_failure=self.on_delivery_failure).start()
+
+            def renewed() -> None:  # on the renewal thread: publish the validity, wake the loop to act on it
+                self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+                with contextlib.suppress(OSError):  # full (the loop is already due to wake) or closed
+                    wsock.send(b"\0")
+
+            self.renewer = Renewer(self.liveness, renewed).start()
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
                      redact_url(self.store.engine.url.render_as_string(hide_password=False)))
@@ -269,6 +290,8 @@ class Supervisor:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.renewer is not None:
+                self.renewer.stop()  # before the sockets close and before the clean stop of the lease
             rsock.close()
             wsock.close()
             self.pool.close()
