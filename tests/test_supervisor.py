@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 import psutil
+import pytest
 import sqlalchemy as sa
 from conftest import FIXTURE_PLUGINS, Driver, add_job, wait_gone
 from fakes import FakePool
@@ -284,6 +285,8 @@ def test_orphaned_run_of_a_dead_supervisor_is_abandoned(mem_store, fake_factory)
     run = store.get_run(claim.run_id)
     assert run["status"] == "Failed" and "deadhost-42" in run["error_message"] and "abandoned" in run["error_message"]
     assert store.get_job("orphan")["lock_token"] is None
+    # its duration is completed_at - started_at, as for every other run (it had none)
+    assert run["duration_ms"] == pytest.approx((run["completed_at"] - run["started_at"]).total_seconds() * 1000)
 
 
 def test_status_window_and_run_immediately(mem_store, fake_factory):

@@ -378,12 +378,12 @@ class Leases:
         # claim came after that moment, so the records never show the two runs overlapping
         expired = run["holder_expired_at"]
         ended = min(run["db_now"], expired) if expired else run["db_now"]
+        duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)  # as completed - started
         with self.engine.begin() as conn:
             if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == RunStatus.RUNNING)
                                 .values(status=RunStatus.FAILED, success=False, completed_at=ended,
-                                        error_message=run["error_message"])).rowcount:
+                                        error_message=run["error_message"], duration_ms=duration_ms)).rowcount:
                 return False
-            duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)
             conn.execute(self._stmts.stats_with_duration, {"p_job_id": run["job_id"], "p_successes": 0,
                                                            "p_failures": 1, "p_duration_ms": duration_ms,
                                                            "p_completed_at": ended})
