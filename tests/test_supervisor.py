@@ -602,6 +602,22 @@ def test_a_manual_run_runs_only_that_job_and_leaves_its_schedule(mem_store, fake
     assert d.supervisor.run_now(store.get_job("manual"), ready_timeout_s=5) is None
 
 
+def test_a_manual_run_that_takes_over_a_dead_supervisors_lease_records_its_run_failed(mem_store, fake_factory):
+    """`jobs run` may take the lease of a supervisor that died; that supervisor's run must not stay Running."""
+    store = mem_store
+    d = fake_factory()
+    d.pool.close()  # run_now starts the pool itself
+    job = add_job(store, "manual", "ok", YEARLY, next_run_at=utcnow() + dt.timedelta(days=1))
+    dead = store.claim(job, now=utcnow(), next_run_at=job["next_run_at"], instance="crashed-1", lease_s=600,
+                       deadline_at=utcnow() + dt.timedelta(minutes=10))  # "crashed-1" is not registered: dead
+    assert dead is not None
+    run_id = d.supervisor.run_now(store.get_job("manual"), ready_timeout_s=5)
+    assert run_id is not None and store.get_run(run_id)["status"] == "Completed"
+    old = store.get_run(dead.run_id)
+    assert old["status"] == "Failed" and "abandoned" in old["error_message"] and "crashed-1" in old["error_message"]
+    assert store.running_runs() == []
+
+
 def test_a_failing_poll_is_logged_once_then_counted(mem_store, fake_factory, caplog):
     """The database refuses every poll (here: the jobs table is gone) for eight steps: one line, then one
     line when polls work again, with the count; /healthz's source (the metrics hook) sees each failure."""

@@ -56,14 +56,7 @@ class Dispatcher:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         self.advice.warn_high_frequency(now)
-        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
-            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
-                notices.for_abandoned(run), self.settings.notifications.channels()))
-        if abandoned:
-            self.wake_sender()
-        for run in abandoned:
-            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
-                      extra={"job": run["job_name"], "run_id": run["id"]})
+        self.abandon_orphans(now)
         for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
             if job["id"] not in self.bad_jobs:
                 self._repair_unreadable(job, now)
@@ -81,6 +74,17 @@ class Dispatcher:
                          "none (end_at passed; status Expired)")
 
     # -- due jobs -------------------------------------------------------------------------------------
+    def abandon_orphans(self, now: dt.datetime) -> None:
+        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices."""
+        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
+        if abandoned:
+            self.wake_sender()
+        for run in abandoned:
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
+
     def dispatch_due(self, now: dt.datetime) -> None:
         """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
         *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged

@@ -75,6 +75,8 @@ def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
     sup.keep_lease(now, mono)
     if not sup.liveness.valid(mono):
         raise TimeoutError("could not register with the database")
+    # a dead supervisor's run is recorded Failed before its lease is taken over, never left Running
+    sup.dispatcher.abandon_orphans(now)
     flight = sup.dispatcher.claim(job, now, job["next_run_at"], sup.pool.idle_workers()[0], scheduled_at=None)
     if flight is None:
         return None
