@@ -161,3 +161,30 @@ def test_a_clock_that_differs_is_measured_to_within_the_round_trip(tmp_path):
         assert abs(lease.db_offset - dt.timedelta(seconds=40)) <= round_trip
     finally:
         store.close()
+
+
+def test_results_waiting_for_the_database_still_count_under_the_cap(mem_store, fake_factory, monkeypatch):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2)
+    d.pool.hold()
+    add_job(store, "first", "ok", YEARLY)
+    at = d.timeline()
+    start = at(0)
+    (run_id,) = d.pool.held
+    for name in ("second", "third"):
+        add_job(store, name, "ok", YEARLY, next_run_at=start)
+
+    def unreachable(_outcomes):
+        raise sa.exc.OperationalError("UPDATE runs", {}, Exception("database is unreachable"))
+
+    with monkeypatch.context() as m:  # the database refuses every result: "first" stays unrecorded
+        m.setattr(store.leases, "finish_runs", unreachable)
+        d.pool.finish(run_id)
+        at(0.1)  # the result arrives and cannot be written; "second" takes the one free slot
+        at(0.2)  # two workers are idle, but one slot still belongs to the unrecorded result
+        assert len(d.supervisor.pending) == 1
+        assert len(d.supervisor.inflight) == 1 and len(d.pool.submitted) == 2
+    at(1.5)  # the database is back (the retry comes within a second): recorded, and the slot is free
+    assert d.supervisor.pending == [] and store.get_run(run_id)["status"] == "Completed"
+    at(1.6)
+    assert len(d.pool.submitted) == 3

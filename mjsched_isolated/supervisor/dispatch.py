@@ -48,6 +48,8 @@ class Dispatcher:
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
+        # how many results wait to be recorded (database unreachable): their slots still count as taken
+        self.unrecorded: Callable[[], int] = lambda: 0
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -86,6 +88,10 @@ class Dispatcher:
         *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
         alone), then handed to its worker. Does not wait for runs."""
         idle = self.pool.idle_workers()
+        # a result not yet recorded still holds its job's lease and its place under the cap: a worker
+        # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
+        free = self.pool.size - len(self.inflight) - self.unrecorded()
+        del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
         known = {p.job_type for p in self.pool.last_ready.plugins}

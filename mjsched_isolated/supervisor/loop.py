@@ -61,6 +61,7 @@ class Supervisor:
         self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
+        self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self._signals = 0
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
