@@ -48,6 +48,8 @@ class Dispatcher:
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
+        # how many results wait to be recorded (database unreachable): their slots still count as taken
+        self.unrecorded: Callable[[], int] = lambda: 0
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -90,6 +92,10 @@ class Dispatcher:
         *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
         alone), then handed to its worker. Does not wait for runs."""
         idle = self.pool.idle_workers()
+        # a result not yet recorded still holds its job's lease and its place under the cap: a worker
+        # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
+        free = self.pool.size - len(self.inflight) - self.unrecorded()
+        del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
         known = {p.job_type for p in self.pool.last_ready.plugins}
@@ -193,7 +199,7 @@ class Dispatcher:
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
                 queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
                 status="Expired" if next_run_at is None and scheduled_at is not None else None))
-        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance)
+        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
                                                                              strict=True):
@@ -205,6 +211,7 @@ class Dispatcher:
                    timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
+        flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
@@ -215,7 +222,7 @@ class Dispatcher:
         except OSError:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
-        self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
+        self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
         if log.isEnabledFor(logging.INFO):
             log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,

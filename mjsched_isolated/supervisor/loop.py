@@ -65,6 +65,7 @@ class Supervisor:
         self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
+        self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
@@ -232,7 +233,9 @@ class Supervisor:
         return max(wake, now + dt.timedelta(milliseconds=1))
 
     def on_events(self, events: list[ChildEvent], now: dt.datetime) -> None:
-        """Record results, crashes and heartbeats reported by the pool."""
+        """Record results, crashes and heartbeats reported by the pool. The results of one wait are recorded
+        together, in one transaction (:meth:`Recorder.record_many`), each with ``now`` as its end."""
+        finished = []
         for event in events:
             if event.died:
                 self.guard.on_death(event, now)
@@ -241,17 +244,20 @@ class Supervisor:
             flight = self.inflight.get(getattr(message, "run_id", -1))
             if isinstance(message, protocol.RunFinished) and flight is not None:
                 del self.inflight[message.run_id]
-                self.recorder.record(flight, now, status="Completed" if message.success else "Failed",
-                                     success=message.success, error_message=message.error_message,
-                                     details=message.details, notification=message.notification)
+                finished.append((flight, self.recorder.outcome(
+                    flight, now, status="Completed" if message.success else "Failed", success=message.success,
+                    error_message=message.error_message, details=message.details,
+                    notification=message.notification)))
             elif isinstance(message, protocol.RunStarted) and flight is not None:
-                log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
-                          (message.at - flight.started_at.timestamp()) * 1000,
-                          extra={"job": flight.job_name, "run_id": flight.run_id})
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,
+                              (message.at - flight.started_at.timestamp()) * 1000,
+                              extra={"job": flight.job_name, "run_id": flight.run_id})
             elif isinstance(message, protocol.Heartbeat) and flight is not None:
                 self.guard.heartbeat(flight, now)
             elif isinstance(message, protocol.Ready):
                 self.dispatcher.advice.log_plugins(message)
+        self.recorder.record_many(finished)
 
     def _wake_sender(self) -> None:
         """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
