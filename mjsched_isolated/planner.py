@@ -74,7 +74,10 @@ def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_schedu
 def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     """Apply the job's ``missed_run_policy`` to its due occurrence ``job["next_run_at"]`` at ``now``.
 
-    RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
+    An occurrence is *missed* when the next one is already due (the reference's rule), or, when the job
+    has ``missed_run_grace_s``, when ``now`` is more than that many seconds after it (APScheduler's
+    ``misfire_grace_time``; within the grace it runs as on time, folding any later due occurrences as
+    RunOnce does). RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
     RunAll: run the missed occurrences oldest first, one claim each, but only the newest
     ``max_catchup_runs`` of them, and none older than :data:`RUNALL_LOOKBACK`: a longer backlog is cut in
     one step (found by looking back from ``now``, never by enumerating it; the horizon keeps that look
@@ -84,8 +87,15 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
     following = occurrence_after(job, scheduled)
-    action, advance = decide_missed_run(job.get("missed_run_policy") or "RunOnce", scheduled, following, now)
-    missed = following <= now
+    policy = job.get("missed_run_policy") or "RunOnce"
+    grace_s = job.get("missed_run_grace_s")
+    if grace_s is None:  # the reference's rule: missed once the next occurrence is due
+        action, advance = decide_missed_run(policy, scheduled, following, now)
+        missed = following <= now
+    else:  # APScheduler's misfire_grace_time: missed once found more than grace_s after its instant
+        missed = (now - scheduled).total_seconds() > grace_s
+        action, advance = ("SkipAndAdvance", None) if missed and policy == "Skip" else (
+            ("Run", "MissedOccurrence") if policy == "RunAll" and following <= now else ("Run", "Now"))
     if action == "SkipAndAdvance":
         return Decision(run=False, next_run_at=_within_end(job, occurrence_after(job, now)), missed=True)
     if advance == "Now":
@@ -167,11 +177,20 @@ MAX_RUN_TIMEOUT_S = 10 * 365 * 86400.0  # longer than any run; keeps datetime ar
 
 
 def run_timeout_s(job: Row, lease_timeout_s: float) -> float:
-    """A run's allowed duration: ``max(lease_timeout_s, max_runtime_minutes * 60)``, at most ten years.
-    The per-job value only ever lengthens the default (reference §2.5, tests H7/H8)."""
+    """A run's allowed duration before any heartbeat: ``max(lease_timeout_s, max_runtime_minutes * 60)``,
+    at most ten years. The per-job value only ever lengthens the default (reference §2.5, tests H7/H8);
+    ``max_total_runtime_s``, the hard cap, shortens it."""
     minutes = job.get("max_runtime_minutes") or 0
     timeout = max(lease_timeout_s, minutes * 60.0) if minutes > 0 else lease_timeout_s
-    return min(timeout, MAX_RUN_TIMEOUT_S)
+    cap_s = job.get("max_total_runtime_s")
+    return min(timeout, MAX_RUN_TIMEOUT_S, cap_s if cap_s else MAX_RUN_TIMEOUT_S)
+
+
+def hard_deadline(job: Row, started_at: dt.datetime) -> dt.datetime | None:
+    """``started_at + max_total_runtime_s``: the instant no heartbeat moves a run's deadline past (Celery's
+    ``time_limit``, against the soft, heartbeat-extended deadline); None when the job has no cap."""
+    cap_s = job.get("max_total_runtime_s")
+    return started_at + dt.timedelta(seconds=min(cap_s, MAX_RUN_TIMEOUT_S)) if cap_s else None
 
 
 def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:
