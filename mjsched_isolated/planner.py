@@ -48,12 +48,15 @@ RUNALL_LOOKBACK = dt.timedelta(days=366)  # RunAll catches up at most a year of 
 
 class Decision(msgspec.Struct, frozen=True):
     """What to do with a due occurrence: ``run`` it or not, and the job's next ``next_run_at``.
-    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped."""
+    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped;
+    ``scheduled_at``: then the occurrence to run now instead of ``job["next_run_at"]`` (the oldest kept),
+    None when the due occurrence itself runs (or nothing does)."""
 
     run: bool
     next_run_at: dt.datetime | None
     missed: bool = False
     skipped_older: bool = False
+    scheduled_at: dt.datetime | None = None
 
 
 def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_scheduled: dt.datetime,
@@ -81,8 +84,10 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     RunAll: run the missed occurrences oldest first, one claim each, but only the newest
     ``max_catchup_runs`` of them, and none older than :data:`RUNALL_LOOKBACK`: a longer backlog is cut in
     one step (found by looking back from ``now``, never by enumerating it; the horizon keeps that look
-    short however sparse the schedule, e.g. a leap-day job left at year 4). Raises :class:`CronError` for
-    a bad cron or zone.
+    short however sparse the schedule, e.g. a leap-day job left at year 4). A cut runs the oldest kept
+    occurrence in the same decision (``scheduled_at``): were it left for the next poll, a poll slower
+    than the schedule's interval would find the bound moved past it and cut again, for ever, with no
+    run. Raises :class:`CronError` for a bad cron or zone.
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
@@ -107,7 +112,11 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following,
                                         dst=dst_policies(job))
     if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
-        return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)
+        kept = _within_end(job, oldest_kept)  # ... and run the oldest of it now
+        if kept is None:
+            return Decision(run=False, next_run_at=None, missed=True, skipped_older=True)
+        return Decision(run=True, next_run_at=_within_end(job, occurrence_after(job, oldest_kept)), missed=True,
+                        skipped_older=True, scheduled_at=kept)
     return Decision(run=True, next_run_at=_within_end(job, following), missed=True)
 
 

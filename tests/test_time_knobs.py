@@ -251,3 +251,48 @@ def test_grace_and_cap_in_show_json_and_the_client(cli, db_url):
         assert client.get_job("j").max_total_runtime_s == 90.0
         job = client.update_job("j", missed_run_grace_s=None, max_total_runtime_s=5.5)
         assert (job.missed_run_grace_s, job.max_total_runtime_s) == (None, 5.5)
+
+
+# -- RunAll with a slow poll (issue 12: "RunAll never catches up when one supervisor step takes over a second")
+def _drive(d, step_s: float, steps: int, each=None) -> dt.datetime:
+    at = d.timeline()
+    now = at(0)
+    for i in range(1, steps + 1):
+        now = at(i * step_s)
+        if each is not None:
+            each(now)
+    return now
+
+
+def test_runall_runs_at_every_slow_poll_instead_of_cutting_its_backlog_for_ever(mem_store, fake_factory):
+    """A per-second job 130 s behind, polled every 1.2 s (a database 0.2 s away): the bound (100) used to
+    be cut again at each poll, since it had moved more than one occurrence past the kept one, with no run
+    in between. Now each cut runs the oldest kept occurrence at once: a run at every poll, the backlog
+    never above the bound. (A long lease TTL: the timeline runs ahead of the real clock, which the
+    liveness lease's local validity follows.)"""
+    store = mem_store
+    d = fake_factory(max_catchup_runs=100, lease_ttl_s=3600.0)
+    t0 = d.supervisor.read_clock()[0]
+    add_job(store, "every-second", "ok", "* * * * * *", next_run_at=t0 - dt.timedelta(seconds=130),
+            missed_run_policy="RunAll")
+    behind: list[float] = []
+    now = _drive(d, 1.2, 40, lambda now: behind.append((now - store.get_job("every-second")["next_run_at"])
+                                                       .total_seconds()))
+    runs = store.list_runs(job_name="every-second", limit=1000)
+    assert len(runs) == 41  # one per poll (the first at 0)
+    scheduled = sorted(r["scheduled_at"] for r in runs)
+    assert scheduled == sorted(set(scheduled))  # each occurrence once, oldest first
+    assert max(behind) <= 100  # bounded by max_catchup_runs
+    assert all(r["scheduled_at"] >= now - dt.timedelta(seconds=100 + 40 * 1.2) for r in runs)
+
+
+def test_runall_backlog_drains_when_the_poll_is_faster_than_the_schedule(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_catchup_runs=10, lease_ttl_s=3600.0)
+    t0 = d.supervisor.read_clock()[0]
+    add_job(store, "every-3s", "ok", "*/3 * * * * *", next_run_at=t0 - dt.timedelta(seconds=120),
+            missed_run_policy="RunAll")
+    now = _drive(d, 1.5, 60)
+    job = store.get_job("every-3s")
+    assert job["next_run_at"] > now  # caught up: the next occurrence is in the future
+    assert job["skipped_count"] == 1 and job["run_count"] >= 10 + 60 * 1.5 // 3 - 1

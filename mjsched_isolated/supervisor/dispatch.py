@@ -114,6 +114,14 @@ class Dispatcher:
             self._mark_bad(job, str(exc))
             return False
         next_run_at = decision.next_run_at
+        if decision.run and decision.scheduled_at is not None:  # RunAll's backlog cut: drop the older ones
+            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); catching up "
+                   f"from {iso(decision.scheduled_at)}, which runs now")
+            if not self._skip(job, seen, decision.scheduled_at, now, "backlog", "Missed", why):
+                return False
+            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
+            job = job.copy()
+            job["next_run_at"] = seen
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
@@ -134,14 +142,17 @@ class Dispatcher:
         return False  # Queue (and RunAll catch-up): the occurrence waits for the live run to end
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
-              metric: str, event: str, why: str) -> None:
-        """Advance past occurrence ``seen`` without running it, with its notices (one transaction)."""
+              metric: str, event: str, why: str) -> bool:
+        """Advance past occurrence ``seen`` without running it, with its notices (one transaction). False
+        when another supervisor moved the job first."""
         rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
                                    self.settings.notifications.channels())
         if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True, notices=rows):
             self.wake_sender()
             self.metrics.occurrence_skipped(metric)
             log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
+            return True
+        return False
 
     # -- claim and hand over --------------------------------------------------------------------------
     def claim(self, job: JobRow, now: dt.datetime, next_run_at: dt.datetime | None, worker: Any,
