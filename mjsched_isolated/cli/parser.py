@@ -122,6 +122,11 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--dst-fold-policy", field="dst_fold_policy", choices=DST_FOLD_POLICIES,
         help="occurrences in a repeated local hour (DST fall back): OnceIfFixedHour (default: a fixed hour "
              "runs in the first copy only, a wildcard or step hour in both), Once, or Both copies")
+    add("--missed-run-grace-s", field="missed_run_grace_s", type=float, metavar="S",
+        help="an occurrence found more than S seconds late is missed (handled by --missed-run-policy); "
+             "default: missed once the next occurrence is due")
+    add("--max-total-runtime-s", field="max_total_runtime_s", type=float, metavar="S",
+        help="hard cap on a run's runtime: killed S seconds after it started, whatever its heartbeats")
     # -- end of time knobs --
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")

@@ -60,6 +60,8 @@ class JobRow(TypedDict):
     notify_recipients: str | None
     dst_gap_policy: str
     dst_fold_policy: str
+    missed_run_grace_s: float | None
+    max_total_runtime_s: float | None
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None

@@ -143,6 +143,8 @@ jobs = sa.Table(
     # -- time knobs (revision 0007); values checked by jobspec, an edited bad one makes the job "bad" --
     sa.Column("dst_gap_policy", sa.String(20), nullable=False, server_default="Shift"),
     sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
+    sa.Column("missed_run_grace_s", sa.Float),  # none: missed once the next occurrence is due
+    sa.Column("max_total_runtime_s", sa.Float),  # none: no hard cap
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),

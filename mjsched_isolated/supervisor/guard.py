@@ -42,18 +42,26 @@ class RunGuard:
             pid = flight.worker.pid
             self.pool.kill(flight.worker)
             self.metrics.run_killed("deadline")
+            capped = flight.hard_deadline is not None and flight.deadline >= flight.hard_deadline
+            limit = (f"max_total_runtime_s of {(flight.hard_deadline - flight.started_at).total_seconds():g} s "
+                     "(a hard cap no heartbeat extends)" if capped and flight.hard_deadline is not None
+                     else f"deadline of {flight.timeout_s:g} s")
             self.recorder.record(flight, now, status="Timeout", success=False,
-                                 error_message=(f"run exceeded its deadline of {flight.timeout_s:g} s "
-                                                f"(started {iso(flight.started_at)}); worker {pid} and its process "
-                                                "tree were killed"))
+                                 error_message=(f"run exceeded its {limit} (started {iso(flight.started_at)}); "
+                                                f"worker {pid} and its process tree were killed"))
 
     def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
         """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
         at once, unlike the reference, whose first beat can only count after 5 min), to
-        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
+        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1), never past the
+        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``)."""
         if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
             return
         deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
+        if flight.hard_deadline is not None and deadline > flight.hard_deadline:
+            if flight.deadline >= flight.hard_deadline:
+                return  # already at the cap: nothing to extend
+            deadline = flight.hard_deadline
         lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
         try:
             extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
