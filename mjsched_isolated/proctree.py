@@ -9,10 +9,14 @@ Processes already gone are ignored everywhere. Standard library and psutil only:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 
 import psutil
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -116,3 +120,53 @@ def session_and_descendants(leader: int) -> set[int]:
                 stack.append(pid)
     found.discard(leader)
     return found
+
+
+def become_subreaper() -> bool:
+    """Make this process a *child subreaper* (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a descendant
+    orphaned below it (a daemonising double fork, a ``setsid`` in the background) is re-parented to it
+    rather than to init, so it stays among this process's children to be found, killed and reaped. The
+    caller must reap the orphans it inherits. False where the platform does not offer it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def own_children() -> set[int] | None:
+    """Pids of this process's direct children (zombies included) from ``/proc/self/task/*/children``:
+    a few small reads, not a scan of every process. None where the kernel does not list children
+    (no ``CONFIG_PROC_CHILDREN``, no /proc): callers fall back to a full scan."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/self/task/{me}/children", "rb") as f:  # the main thread: always there
+            found = {int(p) for p in f.read().split()}
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found.update(int(p) for p in f.read().split())
+        except OSError:  # the thread has ended since listdir
+            continue
+    return found
+
+
+def reap(pids: set[int]) -> set[int]:
+    """``waitpid(WNOHANG)`` each of ``pids`` (this process's children); returns those that are still
+    running. A pid that is not (or no longer) our child counts as gone."""
+    running = set()
+    for pid in pids:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done == 0:
+            running.add(pid)
+    return running

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import psutil
 
@@ -45,12 +46,21 @@ class ProcessState:
         os.umask(self.umask)
 
 
-def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str) -> list[int]:
+def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: bool = False) -> list[int]:
     """Kill what a finished run left running: this worker's descendants and the members of its session
     (a daemonised subprocess re-parented to init stays in it, even in a process group of its own), except
-    the watchdog. Only a process that started its own session and was re-parented escapes. Zombies are
-    reaped, not logged. Returns the pids found."""
+    the watchdog. Zombies are reaped, not logged. Returns the pids found.
+
+    ``subreaper``: this worker is a child subreaper (:func:`proctree.become_subreaper`, Linux), so every
+    process a run started and left behind, even one that started its own session, is still below it; when
+    the worker has no child but the watchdog (the common case) nothing was left and no process table is
+    scanned (a few reads of ``/proc/self``). Without it, only a process that started its own session and
+    was re-parented to init escapes."""
     me = os.getpid()
+    if subreaper:
+        children = proctree.own_children()
+        if children is not None and not children - {watchdog_pid}:
+            return []
     found: list[psutil.Process] = []
     for pid in sorted(proctree.session_and_descendants(me) - {watchdog_pid}):
         try:
@@ -62,10 +72,28 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str) -> list[int]:
             continue
         found.append(proc)
     proctree.signal_all(found)
-    mine = [p for p in found if _ppid(p) == me]  # others are init's to reap: waiting on them would stall
-    if mine:
-        psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
+    if subreaper:
+        _reap_children(watchdog_pid)
+    else:
+        mine = [p for p in found if _ppid(p) == me]  # others are init's to reap: waiting on them would stall
+        if mine:
+            psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
     return [p.pid for p in found]
+
+
+def _reap_children(watchdog_pid: int) -> None:
+    """Reap every child but the watchdog, bounded by ``LEFTOVER_REAP_TIMEOUT_S``: the killed processes
+    and the orphans of killed parents re-parented to this subreaper as their parents die."""
+    give_up = time.monotonic() + LEFTOVER_REAP_TIMEOUT_S
+    while True:
+        children = (proctree.own_children() or set()) - {watchdog_pid}
+        if not proctree.reap(children) and not (proctree.own_children() or set()) - {watchdog_pid}:
+            return
+        if time.monotonic() > give_up:
+            log.warning("processes %s did not end within %.0f s of SIGKILL", sorted(children),
+                        LEFTOVER_REAP_TIMEOUT_S)
+            return
+        time.sleep(0.002)  # SIGKILLed processes end within milliseconds: a bounded poll of the kernel
 
 
 def _ppid(proc: psutil.Process) -> int | None:

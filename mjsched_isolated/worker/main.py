@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated import logs, protocol
+from mjsched_isolated import logs, proctree, protocol
 from mjsched_isolated.worker import hygiene, watchdog
 from mjsched_isolated.worker.execute import run, validate
 
@@ -47,6 +47,7 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _ignore_signal)
+    subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
     logs.configure(log_level, log_format, worker_pid=os.getpid())
@@ -80,7 +81,7 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                     run_id=result.run_id, success=result.success, error_message=result.error_message,
                     details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"}))
             # after the result (its recording overlaps), before the next run
-            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name)
+            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
             logs.current_run = None
 
 
