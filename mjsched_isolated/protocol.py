@@ -101,13 +101,16 @@ class NoticeText(msgspec.Struct, frozen=True):
 
 class RunFinished(msgspec.Struct, tag=True, frozen=True):
     """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``. ``notification``: the
-    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default)."""
+    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default).
+    ``retiring``: the child exits after this run, and why (the run left threads behind, ...): it must get
+    no other run; its slot is refilled."""
 
     run_id: int
     success: bool
     error_message: str | None = None
     details: dict[str, Any] | None = None
     notification: NoticeText | None = None
+    retiring: str | None = None
 
 
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):

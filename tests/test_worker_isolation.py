@@ -17,7 +17,7 @@ from worker_helpers import OneWorker
 from mjsched_isolated import protocol
 
 PLUGINS = '''
-import json, os, signal, subprocess, sys, threading, time
+import io, json, os, signal, subprocess, sys, threading, time
 from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
 
 
@@ -37,6 +37,49 @@ class Escape(BaseScheduledJob):
         out = subprocess.run(["setsid", "sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
                              capture_output=True, text=True, check=True, timeout=10)
         return ScheduledJobResult(success=True, details={"pid": int(out.stdout)})
+
+
+class Pollute(BaseScheduledJob):
+    job_type = "pollute"
+
+    def execute(self, context):
+        signal.alarm(100)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 100)
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        sys.stdout.close()
+        sys.stderr = io.StringIO()
+        sys.stdin.close()
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
+
+
+class Report(BaseScheduledJob):
+    job_type = "report"
+
+    def execute(self, context):
+        print("printing works", flush=True)
+        print("to stderr too", file=sys.stderr, flush=True)
+        handler = lambda s: getattr(signal.getsignal(s), "name", None) or signal.getsignal(s).__name__
+        return ScheduledJobResult(success=True, details={
+            "pid": os.getpid(), "alarm": signal.getitimer(signal.ITIMER_REAL)[0],
+            "virtual": signal.getitimer(signal.ITIMER_VIRTUAL)[0], "usr1": handler(signal.SIGUSR1),
+            "term": handler(signal.SIGTERM), "alrm": handler(signal.SIGALRM),
+            "stderr": type(sys.stderr).__name__, "stdin_closed": sys.stdin.closed})
+
+
+class LeaveThread(BaseScheduledJob):
+    """Leaves a thread behind that would end the worker process once released (as one that calls
+    os._exit at some later time would)."""
+    job_type = "leave_thread"
+    release = threading.Event()
+
+    def execute(self, context):
+        def later():
+            LeaveThread.release.wait()
+            os._exit(9)
+        threading.Thread(target=later, name="plugin-leftover").start()
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
 '''
 
 
@@ -84,3 +127,30 @@ def test_a_run_that_left_nothing_does_not_scan_the_process_table():
     ''')
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_process_state_a_run_changed_is_restored_before_the_next_run(plugins):
+    """Alarms, interval timers, signal handlers and sys.std* a run changed (or closed) do not reach the
+    next run in the same worker (a pending alarm(2) used to kill the next runs with SIGALRM)."""
+    with OneWorker(str(plugins)) as one:
+        polluter = _finished(one.run("pollute"))
+        report = _finished(one.run("report"))
+    assert report.success, report
+    facts = report.details
+    assert facts["pid"] == polluter.details["pid"]  # the same worker, reused
+    assert facts["alarm"] == 0 and facts["virtual"] == 0
+    assert facts["usr1"] == "SIG_DFL" and facts["term"] == "_ignore_signal"
+    assert facts["alrm"] == "SIG_DFL"
+    assert facts["stderr"] != "StringIO" and facts["stdin_closed"] is False
+
+
+def test_a_worker_whose_run_left_a_thread_is_replaced_and_the_next_run_is_not_blamed(plugins):
+    with OneWorker(str(plugins)) as one:
+        old = one.worker
+        first = _finished(one.run("leave_thread"))
+        assert first.success and first.retiring and "plugin-leftover" in first.retiring
+        # the pool does not give the old child another run (OneWorker fails the test on a death event)
+        after = _finished(one.run("ok"))
+        assert after.success and after.details["pid"] != first.details["pid"]
+        old.process.join(10)
+        assert old.process.exitcode == 0  # it exited by itself, cleanly, its thread never released

@@ -56,6 +56,7 @@ class Worker:
         self.importing: str | None = None  # the plugin module being imported (before Ready)
         self.run: protocol.RunRequest | None = None
         self.runs_done = 0
+        self.retiring: str | None = None  # the child said it exits after its last run, and why
 
     @property
     def pid(self) -> int:
@@ -206,7 +207,9 @@ class Pool:
                 continue
             runs_before = worker.runs_done
             eof = self._drain(worker, events)  # messages first, so a final RunFinished is never lost
-            if eof or worker.process.sentinel in ready:
+            if worker.retiring is not None and worker.idle:  # it exits by itself: no run, no death to report
+                self._retire(worker, f"replaced: {worker.retiring}", stop=False)
+            elif eof or worker.process.sentinel in ready:
                 events.append(self._reap(worker))
             elif worker.runs_done > runs_before and worker.idle:
                 self._recycle_if_due(worker)
@@ -235,6 +238,7 @@ class Pool:
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:
                     worker.run = None
                     worker.runs_done += 1
+                    worker.retiring = message.retiring
                 events.append(ChildEvent(worker=worker, message=message))
         except (EOFError, OSError):
             return True
@@ -284,12 +288,18 @@ class Pool:
         reason = recycle_reason(worker.pid, worker.runs_done, self.max_tasks_per_child, self.max_memory_per_child_mb)
         if reason is None:
             return
-        log.info("worker %d recycled %s", worker.pid, reason)
-        try:
-            protocol.send(worker.conn, protocol.Stop())
-        except OSError:
-            pass
         self.recycled += 1
+        self._retire(worker, f"recycled {reason}")
+
+    def _retire(self, worker: Worker, why: str, *, stop: bool = True) -> None:
+        """Vacate ``worker``'s slot (refilled at once), send it ``Stop`` unless it exits by itself, and join
+        it later (killed if still alive after ``RECYCLE_STOP_TIMEOUT_S``)."""
+        log.info("worker %d %s", worker.pid, why)
+        if stop:
+            try:
+                protocol.send(worker.conn, protocol.Stop())
+            except OSError:
+                pass
         self._retiring.append((worker, time.monotonic() + RECYCLE_STOP_TIMEOUT_S))
         self._vacate(worker, died_before_ready=False)
 
