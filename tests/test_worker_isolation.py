@@ -4,6 +4,7 @@ plugins written to a temporary folder; every wait bounded."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,6 +67,30 @@ class Report(BaseScheduledJob):
             "virtual": signal.getitimer(signal.ITIMER_VIRTUAL)[0], "usr1": handler(signal.SIGUSR1),
             "term": handler(signal.SIGTERM), "alrm": handler(signal.SIGALRM),
             "stderr": type(sys.stderr).__name__, "stdin_closed": sys.stdin.closed})
+
+
+class BadDetails(BaseScheduledJob):
+    job_type = "bad_details"
+
+    def execute(self, context):
+        kind = context.configuration
+        if kind == "cyclic":
+            details = {}
+            details["self"] = details
+        elif kind == "deep":
+            details = cur = {}
+            for _ in range(5000):
+                cur["a"] = {}
+                cur = cur["a"]
+        elif kind == "deep_list":
+            details = {"a": []}
+            cur = details["a"]
+            for _ in range(200):
+                cur.append([])
+                cur = cur[0]
+        else:
+            details = {"list": [1, 2], "str": "text"}[kind]
+        return ScheduledJobResult(success=True, details=details)
 
 
 class LeaveThread(BaseScheduledJob):
@@ -154,3 +179,20 @@ def test_a_worker_whose_run_left_a_thread_is_replaced_and_the_next_run_is_not_bl
         assert after.success and after.details["pid"] != first.details["pid"]
         old.process.join(10)
         assert old.process.exitcode == 0  # it exited by itself, cleanly, its thread never released
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("list", "details must be a JSON object (a dict), got list"),
+    ("str", "details must be a JSON object (a dict), got str"),
+    ("cyclic", "without reference cycles"),
+    ("deep", "nested at most 64 levels"),
+    ("deep_list", "nested at most 64 levels"),
+])
+def test_bad_details_are_a_failed_run_not_a_dead_worker(plugins, kind, why):
+    with OneWorker(str(plugins)) as one:
+        pid = one.worker.pid
+        finished = _finished(one.run("bad_details", json.dumps(kind)))
+        assert not finished.success and finished.details is None
+        assert finished.error_message.startswith("plugin returned bad details: ") and why in finished.error_message
+        after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
+        assert after.success and after.details["pid"] == pid

@@ -37,6 +37,7 @@ log = logging.getLogger("mjsched.child")
 HEARTBEAT_MIN_GAP_S = 0.25  # the child never floods the pipe; the supervisor throttles for real
 MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the run row stays small
 MAX_ERROR_CHARS = 4000
+MAX_DETAILS_DEPTH = 64  # nesting levels of details; MySQL/MariaDB's JSON type refuses more than 100
 TRACEBACK_TAIL_CHARS = 4000
 
 
@@ -120,10 +121,16 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protoco
                                     notification=notice_text(plugin, context, ScheduledJobResult(
                                         success=False, error_message=error)))
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
+    try:
+        details = clean_details(result.details)
+    except BadDetailsError as exc:  # recorded on the run: the plugin's mistake, not a crash of the worker
+        error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
+        outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
+                                    notification=notice_text(plugin, context, outcome))
     outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
     return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=clean_details(result.details),
-                                notification=notice_text(plugin, context, outcome))
+                                details=details, notification=notice_text(plugin, context, outcome))
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
@@ -183,17 +190,46 @@ def clean_text(value: object) -> str:
     return str(value).replace("\x00", "\ufffd")
 
 
-def clean_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
+class BadDetailsError(ValueError):
+    """Details a plugin returned that cannot be stored: not a JSON object, cyclic, or nested too deeply."""
+
+
+def clean_details(details: object) -> dict[str, Any] | None:
     """Details as plain JSON values (anything else becomes its ``repr``), at most ``MAX_DETAILS_BYTES``
-    encoded; larger ones are replaced by ``{"truncated": True, "size_bytes": N, "preview": "..."}``."""
+    encoded; larger ones are replaced by ``{"truncated": True, "size_bytes": N, "preview": "..."}``.
+    Raises :class:`BadDetailsError` for a value that is not a dict (``"details must be a JSON object (a dict),
+    got list"``), a cyclic one, or one nested more than ``MAX_DETAILS_DEPTH`` levels."""
     if details is None:
         return None
-    encoded = msgspec.json.encode(details, enc_hook=repr)
+    if not isinstance(details, dict):
+        raise BadDetailsError(f"details must be a JSON object (a dict), got {type(details).__name__}")
+    try:
+        encoded = msgspec.json.encode(details, enc_hook=repr)
+    except RecursionError:
+        raise BadDetailsError("details must be a JSON object without reference cycles, nested at most "
+                         f"{MAX_DETAILS_DEPTH} levels") from None
     if len(encoded) > MAX_DETAILS_BYTES:
         return {"truncated": True, "size_bytes": len(encoded),
                 "preview": encoded[:2000].decode("utf-8", errors="replace")}
-    cleaned = _wire_safe(msgspec.json.decode(encoded))
+    decoded = msgspec.json.decode(encoded)
+    if _depth(decoded) > MAX_DETAILS_DEPTH:
+        raise BadDetailsError(f"details must be nested at most {MAX_DETAILS_DEPTH} levels")
+    cleaned = _wire_safe(decoded)
     return cleaned if isinstance(cleaned, dict) else None
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of decoded JSON (a tree: no cycles), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item if isinstance(v, dict | list))
+    return deepest
 
 
 def _wire_safe(value: object) -> object:
