@@ -67,6 +67,40 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     signal_group(pid, sig)
 
 
+def kill_trees(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    """:func:`kill_tree` for several roots at once, for kills that fall due together: the descendants of
+    every root are found in one pass over the process table, then every process and every root's process
+    group is signalled, before the caller waits for or reaps any of them."""
+    roots = [pid for pid in pids if pid > 0]
+    if not roots:
+        return
+    if len(roots) == 1:
+        kill_tree(roots[0], sig)
+        return
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info["ppid"] or 0, []).append(proc.pid)
+    targets: list[int] = []
+    stack = list(roots)
+    seen = set(roots)
+    while stack:
+        pid = stack.pop()
+        targets.append(pid)
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    me = os.getpid()
+    for pid in targets:
+        if pid != me:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in roots:
+        signal_group(pid, sig)
+
+
 def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
     """Pids of the live (not zombie) processes in process group ``pgid``, other than ``exclude``."""
     members = []

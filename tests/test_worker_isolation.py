@@ -196,3 +196,17 @@ def test_bad_details_are_a_failed_run_not_a_dead_worker(plugins, kind, why):
         assert finished.error_message.startswith("plugin returned bad details: ") and why in finished.error_message
         after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
         assert after.success and after.details["pid"] == pid
+
+
+def test_signals_a_run_blocked_are_unblocked_for_the_next_run(plugins):
+    (plugins / "blocker.py").write_text(
+        "import os, signal\nfrom mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult\n\n\n"
+        "class Block(BaseScheduledJob):\n    job_type = 'block'\n\n    def execute(self, context):\n"
+        "        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])\n"
+        "        return ScheduledJobResult(success=True)\n\n\n"
+        "class Mask(BaseScheduledJob):\n    job_type = 'mask'\n\n    def execute(self, context):\n"
+        "        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "        return ScheduledJobResult(success=True, details={'blocked': sorted(s.name for s in blocked)})\n")
+    with OneWorker(str(plugins)) as one:
+        one.run("block")
+        assert "SIGUSR2" not in _finished(one.run("mask")).details["blocked"]

@@ -30,7 +30,7 @@ import msgspec
 
 from mjsched_isolated import protocol
 from mjsched_isolated.errors import ProtocolError
-from mjsched_isolated.proctree import kill_tree
+from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
 from mjsched_isolated.worker import main as child
 
@@ -275,12 +275,27 @@ class Pool:
 
     def kill(self, worker: Worker) -> protocol.RunRequest | None:
         """Kill ``worker``'s whole process tree now and refill its slot. Returns the run it had."""
-        run = worker.run
-        kill_tree(worker.pid)
-        worker.process.join(2.0)
-        worker.conn.close()
-        self._vacate(worker, died_before_ready=False)
-        return run
+        return self.kill_all([worker])[0]
+
+    def kill_all(self, workers: list[Worker]) -> list[protocol.RunRequest | None]:
+        """Kill the process trees of ``workers`` together (every SIGKILL is sent before any is waited for:
+        kills that fall due together are not serialised behind each other's reaping), then reap them and
+        refill their slots. Returns the run each had, in order."""
+        runs = [w.run for w in workers]
+        kill_trees([w.pid for w in workers])
+        for worker in workers:
+            worker.process.join(2.0)
+            worker.conn.close()
+            self._vacate(worker, died_before_ready=False, maintain=False)
+        if workers:
+            self._maintain()
+        return runs
+
+    def terminate(self, workers: list[Worker]) -> None:
+        """Send SIGTERM to the process trees of ``workers`` (a plugin's SIGTERM handler and its commands'
+        get the chance to clean up; the worker itself ignores it). Does not wait: the caller kills what
+        is still running after its grace (:meth:`kill_all`)."""
+        kill_trees([w.pid for w in workers], signal.SIGTERM)
 
     def _recycle_if_due(self, worker: Worker) -> None:
         """Between runs: retire ``worker`` if it is over a recycling limit (it gets no new run: its slot is

@@ -37,7 +37,8 @@ _SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, 
 
 class ProcessState:
     """Process state a plugin may change and the next run must not inherit: working directory,
-    environment, umask, pending alarm and interval timers, signal handlers, ``sys.stdin``/``stdout``/
+    environment, umask, pending alarm and interval timers, signal handlers and the blocked-signal mask
+    (main thread), ``sys.stdin``/``stdout``/
     ``stderr`` (and file descriptors 0-2 if a run closed them), and the threads that exist.
 
     A run that changed any of these gets a warning naming what was put back, so the cause is found at the
@@ -50,6 +51,7 @@ class ProcessState:
         for signum in _SIGNALS:
             with contextlib.suppress(OSError, ValueError):
                 self.handlers[signum] = _signal.getsignal(signum)
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.fds = {fd: _dup(fd) for fd in (0, 1, 2)}
         self.threads = set(threading.enumerate())
@@ -92,6 +94,8 @@ class ProcessState:
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     _signal.signal(signum, handler)
                 changed.append(f"signal handler {signal.Signals(signum).name}")
+        if signal.pthread_sigmask(signal.SIG_SETMASK, self.mask) != self.mask:
+            changed.append("blocked signals")
         changed += self._restore_streams()
         return changed
 
