@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mjsched_isolated import protocol
+from mjsched_isolated import proctree, protocol
 from mjsched_isolated.errors import ProtocolError
 from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
@@ -117,6 +117,10 @@ class Pool:
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self._warned: set[str] = set()  # plugin-load warnings already logged
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
+        # PID 1 (a container without an init) inherits every orphan of the host's processes: the watchdog
+        # and grandchildren of a killed worker. It must reap them or zombies pile up (see _reap_orphans).
+        self.reap_orphans = os.getpid() == 1
+        self.orphans_reaped = 0
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -135,6 +139,8 @@ class Pool:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.reap_orphans:
+            log.info("running as PID 1 (no init): orphaned processes that reach this process are reaped")
         for slot in self.workers:
             self._spawn(slot)
 
@@ -344,8 +350,24 @@ class Pool:
         if maintain:  # refill at once (unless _maintain itself is the caller)
             self._maintain()
 
+    def _reap_orphans(self) -> None:
+        """Reap exited children that are not this pool's workers (nor another ``multiprocessing`` child,
+        whose exit code its owner reads): orphans re-parented to this process as PID 1 or a subreaper.
+        A few reads of ``/proc/self``; only when :attr:`reap_orphans` (never in an application that owns
+        other children, whose exit status a blind ``waitpid`` would steal)."""
+        children = proctree.own_children()
+        if not children:
+            return
+        known = {w.pid for w in self.workers.values() if w is not None} | {w.pid for w, _ in self._retiring}
+        strays = children - known
+        if strays:
+            strays -= {p.pid for p in multiprocessing.active_children()}
+            self.orphans_reaped += len(strays - proctree.reap(strays))
+
     def _maintain(self) -> None:
         now = time.monotonic()
+        if self.reap_orphans:
+            self._reap_orphans()
         if self._retiring:
             self._reap_retiring(now)
         vacated = False
