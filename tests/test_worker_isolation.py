@@ -210,3 +210,64 @@ def test_signals_a_run_blocked_are_unblocked_for_the_next_run(plugins):
     with OneWorker(str(plugins)) as one:
         one.run("block")
         assert "SIGUSR2" not in _finished(one.run("mask")).details["blocked"]
+
+
+LIMITS_PLUGIN = '''
+import os
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Hog(BaseScheduledJob):
+    job_type = "hog"
+
+    def execute(self, context):
+        what = context.configuration["what"]
+        if what == "memory":
+            block = bytearray(context.configuration["mb"] * 1024 * 1024)
+            return ScheduledJobResult(success=True, details={"allocated_mb": len(block) // 2**20})
+        if what == "cpu":
+            while True:
+                pass
+        if what == "files":
+            return ScheduledJobResult(success=True, details={"n": len([open(os.devnull) for _ in range(200)])})
+        return ScheduledJobResult(success=True, details={"nice": os.getpriority(os.PRIO_PROCESS, 0)})
+'''
+
+
+def _run_limited(one: OneWorker, config: dict, limits: protocol.RunLimits | None) -> protocol.RunFinished:
+    one._next_run_id += 1
+    request = protocol.RunRequest(run_id=one._next_run_id, job_id=1, job_name="limited", job_type="hog",
+                                  configuration=json.dumps(config), limits=limits)
+    one.pool.submit(one.worker, request)
+    return one._until(lambda m: isinstance(m, protocol.RunFinished) and m.run_id == request.run_id)[-1]
+
+
+def test_a_run_over_its_memory_limit_fails_naming_it_and_the_next_run_is_unaffected(plugins):
+    (plugins / "hog.py").write_text(LIMITS_PLUGIN)
+    with OneWorker(str(plugins)) as one:
+        pid = one.worker.pid
+        over = _run_limited(one, {"what": "memory", "mb": 1024}, protocol.RunLimits(max_memory_mb=200))
+        assert not over.success and over.error_message == "memory limit 200 MB exceeded", over
+        within = _run_limited(one, {"what": "memory", "mb": 50}, protocol.RunLimits(max_memory_mb=200))
+        assert within.success, within
+        after = _run_limited(one, {"what": "memory", "mb": 300}, None)  # the same worker, no limit any more
+        assert after.success and after.details["allocated_mb"] == 300
+        assert one.worker.pid == pid
+
+
+def test_cpu_open_files_and_nice_limits_apply_to_one_run_only(plugins):
+    (plugins / "hog.py").write_text(LIMITS_PLUGIN)
+    with OneWorker(str(plugins)) as one:
+        cpu = _run_limited(one, {"what": "cpu"}, protocol.RunLimits(max_cpu_s=1))
+        assert not cpu.success and cpu.error_message == "CPU time limit 1 s exceeded", cpu
+        files = _run_limited(one, {"what": "files"}, protocol.RunLimits(max_open_files=50))
+        assert not files.success and files.error_message.startswith("open files limit 50 exceeded"), files
+        assert _run_limited(one, {"what": "files"}, None).details["n"] == 200
+        usual = _run_limited(one, {"what": "nice"}, None).details["nice"]
+        niced = _run_limited(one, {"what": "nice"}, protocol.RunLimits(nice=19))
+        assert niced.details["nice"] == 19 != usual
+        if os.geteuid() == 0:  # root may lower it back: the worker is kept
+            assert niced.retiring is None
+            assert _run_limited(one, {"what": "nice"}, None).details["nice"] == usual
+        else:  # it cannot: the worker is replaced, and the next run has the usual priority
+            assert niced.retiring and "nice" in niced.retiring

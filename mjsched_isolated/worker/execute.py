@@ -13,6 +13,7 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -78,14 +79,16 @@ def validate(registry: Registry, job_type: str, configuration: str | None) -> st
     return None
 
 
-def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protocol.RunFinished:
+def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
+        describe_error: Callable[[BaseException], str | None] | None = None) -> protocol.RunFinished:
     """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
 
     Sends ``RunStarted`` before the plugin's ``execute`` and (throttled to one per
     ``HEARTBEAT_MIN_GAP_S``) a ``Heartbeat`` per ``context.heartbeat()``. An ``async def execute`` runs to
     completion in :func:`event_loop`; tasks it leaves pending are cancelled. A configuration that is no
     longer valid gives a failure ``not started: ...``; a plugin exception (``SystemExit`` and
-    ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``.
+    ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``;
+    ``describe_error`` may name what an exception means (a resource limit hit) for the error message.
     """
     error = validate(registry, req.job_type, req.configuration)
     if error is not None:
@@ -116,7 +119,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protoco
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tail = traceback.format_exc()[-TRACEBACK_TAIL_CHARS:]
-        error = clean_text(f"plugin raised {text}")[:MAX_ERROR_CHARS]
+        meaning = describe_error(exc) if describe_error is not None else None
+        error = clean_text(meaning or f"plugin raised {text}")[:MAX_ERROR_CHARS]
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
                                         success=False, error_message=error)))

@@ -14,6 +14,7 @@ imports the plugin loader only inside :func:`main`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -25,7 +26,7 @@ from typing import Any
 import msgspec
 
 from mjsched_isolated import logs, proctree, protocol
-from mjsched_isolated.worker import hygiene, watchdog
+from mjsched_isolated.worker import hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
 
 __all__ = ["PipeSender", "main"]
@@ -73,9 +74,14 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
         elif isinstance(message, protocol.RunRequest):
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
-            result = run(registry, message, sender)
+            applied = limits.apply(message.limits)
+            if applied is not None and applied.errors:
+                log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
+                            "; ".join(applied.errors))
+            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
             busy.value = 0
-            retiring = _after_run(baseline, message)
+            retiring = limits.restore(applied)
+            retiring = _after_run(baseline, message) or retiring
             if retiring is not None:
                 result = msgspec.structs.replace(result, retiring=retiring)
             try:
