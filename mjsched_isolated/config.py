@@ -27,6 +27,7 @@ import msgspec
 from mjsched_isolated.errors import InputError, msgspec_field_error
 
 MAX_SECONDS = 10 * 365 * 86400.0
+MAX_KILL_GRACE_S = 300.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
 DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 ENV_PREFIX = "MJSCHED_"
@@ -217,6 +218,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_timeout_s: Annotated[float, _doc(
         "default run deadline and lease length in seconds; a job's max_runtime_minutes only lengthens it")] = 600.0
     shutdown_timeout_s: Annotated[float, _doc("drain bound in seconds on SIGTERM/SIGINT")] = 30.0
+    kill_grace_s: Annotated[float, _doc(
+        "seconds between SIGTERM and SIGKILL for a run past its deadline (0: SIGKILL at once; at most half "
+        f"of lease_ttl_s is used, so the job's lease outlasts it); as Kubernetes' "
+        f"terminationGracePeriodSeconds, at most {MAX_KILL_GRACE_S:.0f}")] = 5.0
     rescan_interval_s: Annotated[float, _doc(
         "longest sleep in seconds before looking for job changes by others and runs of dead supervisors")] = 1.0
     heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
@@ -272,6 +277,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        if not 0 <= self.kill_grace_s <= MAX_KILL_GRACE_S:
+            raise InputError("kill_grace_s", f"must be between 0 and {MAX_KILL_GRACE_S:.0f} seconds, "
+                                             f"got {self.kill_grace_s}")
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")

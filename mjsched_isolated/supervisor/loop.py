@@ -227,7 +227,7 @@ class Supervisor:
         # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
         fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
                     if self.inflight and self.liveness.valid(mono) else None)
-        for when in (*candidates, renew_at, retry_at, fence_at, *(f.deadline for f in self.inflight.values())):
+        for when in (*candidates, renew_at, retry_at, fence_at, *(f.wake_at for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))
@@ -242,7 +242,9 @@ class Supervisor:
                 continue
             message = event.message
             flight = self.inflight.get(getattr(message, "run_id", -1))
-            if isinstance(message, protocol.RunFinished) and flight is not None:
+            if isinstance(message, protocol.RunFinished) and flight is not None and flight.kill_at is not None:
+                self.guard.ended_after_sigterm(flight, now, "its plugin returned")
+            elif isinstance(message, protocol.RunFinished) and flight is not None:
                 del self.inflight[message.run_id]
                 finished.append((flight, self.recorder.outcome(
                     flight, now, status="Completed" if message.success else "Failed", success=message.success,
