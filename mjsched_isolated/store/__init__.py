@@ -13,6 +13,7 @@ from mjsched_isolated.store.records import (
                                             NotificationRow,
                                             OutboxRow,
                                             RecentFailure,
+                                            RunOutputRow,
                                             RunRow,
                                             RunView,
                                             SupervisorRow,
@@ -20,5 +21,5 @@ from mjsched_isolated.store.records import (
 )
 
 __all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "NextDueJob", "NotificationRow", "OutboxRow",
-           "RecentFailure", "RunRow", "RunView", "Store", "SupervisorRow", "SupervisorStatus",
+           "RecentFailure", "RunOutputRow", "RunRow", "RunView", "Store", "SupervisorRow", "SupervisorStatus",
            "is_permanent_error"]

@@ -2,6 +2,7 @@
 
 Tables: ``jobs`` and ``runs`` (the reference's), and ``supervisors``: one row per supervisor process whose
 ``lease_expires_at`` it renews; a job lease or a run is live only while its supervisor's row is.
+``notifications`` is the outbox; ``run_output`` holds each run's captured output in ordered chunks.
 
 The data model is the reference engine's (reference-engine-spec.md §1.2, §1.3) in snake_case. Timestamps
 are stored as naive UTC (``DATETIME(6)`` on MySQL) and read back as aware UTC. The database clock is
@@ -217,6 +218,17 @@ notifications = sa.Table(
     _check("status", NOTIFICATION_STATUSES),
     _check("priority", PRIORITIES),
     sa.Index("ix_notifications_status_next_attempt_at", "status", "next_attempt_at"),
+)
+
+
+# a run's captured output (stdout, stderr, logging records of its worker): ordered chunks, each at most
+# OUTPUT_CHUNK_BYTES of UTF-8 (under MariaDB's 64 KB TEXT), deleted with the run (see mjsched_isolated.store.output)
+run_output = sa.Table(
+    "run_output", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
 )
 
 

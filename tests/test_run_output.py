@@ -1,0 +1,115 @@
+"""Per-run output: the ``run_output`` store (chunks, order, retention with the run, migration 0005 on every
+backend), the worker's capture (mjsched_isolated.worker.output) through real worker children, and what
+``runs logs`` and ``Client.run_logs`` show."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from conftest import add_job
+
+from mjsched_isolated.store import Store, migrate, schema
+from mjsched_isolated.store.output import OUTPUT_CHUNK_BYTES, split_text
+from mjsched_isolated.store.schema import run_output, runs
+
+UTC = dt.UTC
+NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _run(store: Store, job_id: int, *, days_ago: float = 0.0, status: str = "Completed") -> int:
+    started = NOW - dt.timedelta(days=days_ago)
+    with store.engine.begin() as conn:
+        key = conn.execute(runs.insert().values(job_id=job_id, started_at=started, status=status,
+                                                completed_at=None if status == "Running" else started)
+                           ).inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _output_run_ids(store: Store) -> set[int]:
+    with store.engine.connect() as conn:
+        return set(conn.execute(sa.select(run_output.c.run_id)).scalars())
+
+
+# -- the store -------------------------------------------------------------------------------------------
+def test_split_text_keeps_every_character_and_each_piece_fits_a_mariadb_text():
+    text = "a" * 20_000 + "é" * 10_000 + "\U0001f600" * 5_000 + "\x00"
+    pieces = split_text(text)
+    assert "".join(pieces) == text.replace("\x00", "\ufffd")
+    assert all(0 < len(p.encode("utf-8")) <= OUTPUT_CHUNK_BYTES for p in pieces)
+    assert split_text("") == []
+
+
+def test_append_and_read_in_order_on_every_backend(any_store):
+    store = any_store
+    run_id = _run(store, add_job(store, "j", "ok", now=NOW)["id"], status="Running")
+    big = "x" * (OUTPUT_CHUNK_BYTES * 2 + 5)  # one text longer than a row holds: split over three rows
+    next_seq = store.append_run_output(run_id, 0, ["first\n", big], NOW)
+    assert next_seq == 4
+    assert store.append_run_output(run_id, next_seq, [], NOW) == next_seq  # nothing: no write
+    store.append_run_output(run_id, next_seq, ["last ü\n"], NOW)
+    chunks = store.run_output(run_id)
+    assert [seq for seq, _ in chunks] == [0, 1, 2, 3, 4]
+    assert "".join(text for _, text in chunks) == "first\n" + big + "last ü\n"
+    assert store.run_output(run_id, after_seq=3) == [(4, "last ü\n")]
+
+
+def test_output_is_deleted_with_its_run_by_retention_and_job_removal(any_store):
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW)["id"]
+    other = add_job(store, "other", "ok", now=NOW)["id"]
+    old, young, live, removed = (_run(store, job, days_ago=30), _run(store, job, days_ago=1),
+                                 _run(store, job, days_ago=60, status="Running"), _run(store, other))
+    for run_id in (old, young, live, removed):
+        store.append_run_output(run_id, 0, [f"run {run_id}\n"], NOW)
+    assert store.retention.prune_runs(NOW, keep_days=10, keep_min_per_job=0) == 1
+    assert _output_run_ids(store) == {young, live, removed}
+    store.remove_job("other")
+    assert _output_run_ids(store) == {young, live}
+
+
+def test_sqlite_without_foreign_keys_still_deletes_output_with_the_run(db_url):
+    """A connection that does not enforce foreign keys (sqlite3 opened by hand, another tool) must not
+    leave output rows behind: retention deletes them explicitly."""
+    store = Store.open(db_url)
+    try:
+        run_id = _run(store, add_job(store, "j", "ok", now=NOW)["id"], days_ago=30)
+        store.append_run_output(run_id, 0, ["x\n"], NOW)
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
+        plain = Store(sa.create_engine(db_url))  # no pragmas: foreign keys off, as sqlite3's default
+        assert plain.retention.prune_runs(NOW, keep_days=10, keep_min_per_job=0) == 1
+        plain.close()
+        assert _output_run_ids(store) == set()
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_migration_0005_upgrades_a_database_with_runs(backend_url):
+    engine = schema.connect(backend_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(migrate.config(conn), "0002")
+            conn.execute(schema.jobs.insert().values(id=1, name="j", job_type="ok", cron_expression="* * * * *",
+                                                     created_at=NOW, updated_at=NOW))
+            conn.execute(runs.insert().values(id=7, job_id=1, started_at=NOW, status="Completed", details='{"a": 1}'))
+        assert migrate.check(engine).state == "outdated"
+        migrate.upgrade(engine)
+        assert migrate.check(engine).state == "current"
+        store = Store.open(backend_url)
+        try:
+            assert store.get_run(7)["details"] == {"a": 1}
+            assert store.run_output(7) == []
+            store.append_run_output(7, 0, ["after the upgrade\n"], NOW)
+            assert store.run_output(7) == [(0, "after the upgrade\n")]
+            with pytest.raises(sa.exc.IntegrityError):  # the foreign key exists: no output of a missing run
+                store.append_run_output(8, 0, ["orphan"], NOW)
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
