@@ -194,3 +194,10 @@ class Client:
     def get_run(self, run_id: int) -> Run:
         """Run ``run_id``. Raises :class:`NotFoundError` (field ``id``)."""
         return _run(ops.get_run(self._store, run_id))
+
+    def run_logs(self, run_id: int) -> str:
+        """What run ``run_id`` wrote so far (stdout, stderr, logging records, its subprocesses'), in order,
+        bounded by ``max_run_output_bytes`` (its first and last halves, with a marker line between). A live
+        run's output grows about once a second. Raises :class:`NotFoundError` (field ``id``)."""
+        chunks, _running = ops.run_output(self._store, run_id)
+        return "".join(text for _, text in chunks)

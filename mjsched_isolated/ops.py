@@ -162,6 +162,14 @@ def get_run(store: Store, run_id: int) -> Row:
     return run_view(store.get_run(run_id))
 
 
+def run_output(store: Store, run_id: int, after_seq: int = -1) -> tuple[list[tuple[int, str]], bool]:
+    """Run ``run_id``'s captured output after chunk ``after_seq`` as ``(seq, text)`` chunks in order, and
+    whether the run is still Running (read first: once it is not, the chunks returned are all there is).
+    Raises :class:`NotFoundError` (field ``id``)."""
+    running = get_run(store, run_id)["status"] == "Running"
+    return store.run_output(run_id, after_seq), running
+
+
 def status(store: Store) -> Row:
     """The ``status`` report (:func:`mjsched_isolated.status.collect`)."""
     return collect(store)

@@ -113,3 +113,141 @@ def test_migration_0005_upgrades_a_database_with_runs(backend_url):
             store.close()
     finally:
         engine.dispose()
+
+
+# -- the worker's capture, through a real worker child -----------------------------------------------------
+WRITER = '''
+import logging, os, subprocess, sys, time
+from pathlib import Path
+import msgspec
+from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+
+
+class Config(msgspec.Struct, kw_only=True):
+    big_bytes: int = 0
+    wait_for: str | None = None  # a file whose existence ends the run (bounded)
+
+
+class Writer(BaseScheduledJob[Config]):
+    job_type = "writer"
+
+    def execute(self, context):
+        print("one: print")
+        sys.stderr.write("two: stderr\\n")
+        logging.getLogger("some.library").warning("three: a logging record")
+        context.log.info("four: the plugin's logger")
+        subprocess.run([sys.executable, "-c", "import os; os.write(1, b'five: child stdout\\\\n'); "
+                        "os.write(2, b'six: child stderr\\\\n')"], check=True)
+        if context.configuration.big_bytes:
+            line = b"y" * 1023 + b"\\n"
+            for _ in range(context.configuration.big_bytes // 1024):
+                os.write(1, line)
+        print("seven: last")
+        if context.configuration.wait_for:
+            give_up = time.monotonic() + 20
+            while not Path(context.configuration.wait_for).exists() and time.monotonic() < give_up:
+                time.sleep(0.05)
+        return ScheduledJobResult(success=True)
+
+
+class Quiet(BaseScheduledJob):
+    job_type = "quiet"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
+'''
+
+IN_ORDER = ["one: print", "two: stderr", "three: a logging record", "four: the plugin's logger",
+            "five: child stdout", "six: child stderr", "seven: last"]
+
+
+@pytest.fixture
+def writer_plugins(tmp_path):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "writer.py").write_text(WRITER)
+    return str(folder)
+
+
+def _positions(text: str, needles: list[str]) -> list[int]:
+    return [text.find(n) for n in needles]
+
+
+@pytest.mark.timeout(30)
+def test_worker_sends_a_runs_prints_logging_and_child_output_in_order_and_nothing_for_a_quiet_run(writer_plugins):
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    with OneWorker(writer_plugins) as one:
+        messages = one.run("writer")
+        text = "".join(m.text for m in messages if isinstance(m, protocol.RunOutput))
+        positions = _positions(text, IN_ORDER)
+        assert all(p >= 0 for p in positions), text
+        assert positions == sorted(positions), text
+        assert "WARNING some.library: three: a logging record" in text
+        last = [i for i, m in enumerate(messages) if isinstance(m, protocol.RunOutput)][-1]
+        assert isinstance(messages[-1], protocol.RunFinished) and last < len(messages) - 1  # output first
+        quiet = one.run("quiet")
+        assert not [m for m in quiet if isinstance(m, protocol.RunOutput)]  # nothing for a silent run
+
+
+@pytest.mark.timeout(30)
+def test_a_burst_is_bounded_in_the_worker_keeping_head_and_tail_with_a_marker(writer_plugins):
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    with OneWorker(writer_plugins) as one:
+        one.pool.max_run_output_bytes = 64 * 1024  # the next worker takes it
+        one.pool.kill(one.worker)
+        one.ready = one._until(lambda m: isinstance(m, protocol.Ready))[-1]
+        messages = one.run("writer", '{"big_bytes": 4000000}')
+    pieces = [m.text for m in messages if isinstance(m, protocol.RunOutput)]
+    text = "".join(pieces)
+    assert text.startswith("one: print\n") and text.endswith("seven: last\n")
+    assert "bytes of output left out" in text and "max_run_output_bytes is 65536" in text
+    assert len(text.encode()) < 64 * 1024 + 1000
+    assert all(len(p.encode()) <= 256 * 1024 for p in pieces)
+
+
+# -- end to end: serve stores it; runs logs (live and after) and the Client show it -----------------------
+@pytest.mark.timeout(60)
+def test_serve_stores_a_runs_output_shown_live_and_afterwards_while_its_log_stays_clean(writer_plugins, db_url,
+                                                                                         tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from procs import Serve
+    from waiting import wait_until
+
+    from mjsched_isolated.client import Client
+
+    store = Store.open(db_url)
+    finish = tmp_path / "finish"
+    add_job(store, "w", "writer", "0 0 1 1 *", configuration=json.dumps({"wait_for": str(finish)}))
+    serve = Serve(db_url, plugins=writer_plugins)
+    logs_cmd = [sys.executable, "-m", "mjsched_isolated", "runs", "logs", "--db", db_url]
+    try:
+        run_id = int(serve.wait_for(r"run (\d+) started: job w").group(1))
+        with Client(db_url) as client:
+            wait_until(lambda: "seven: last" in client.run_logs(run_id), 15, "the live run's output in the database")
+            assert store.get_run(run_id)["status"] == "Running"
+            follower = subprocess.Popen([*logs_cmd, str(run_id), "--follow"], stdout=subprocess.PIPE, text=True)
+            finish.touch()
+            serve.wait_for(rf"run {run_id} finished: job w Completed")
+            followed, _ = follower.communicate(timeout=20)
+            assert follower.returncode == 0
+            stored = client.run_logs(run_id)
+    finally:
+        serve.stop()
+        store.close()
+    positions = _positions(stored, IN_ORDER)
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), stored
+    assert followed == stored
+    after = subprocess.run([*logs_cmd, str(run_id)], capture_output=True, text=True, timeout=30)
+    assert (after.returncode, after.stdout) == (0, stored)
+    missing = subprocess.run([*logs_cmd, "999"], capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: id: ")
+    assert not [line for line in serve.output if any(n in line for n in IN_ORDER)]  # the supervisor log is clean

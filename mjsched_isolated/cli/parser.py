@@ -193,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = runs_p.add_parser("show", parents=[common, as_json], help="show one run")
     rs.add_argument("id", type=int, help="the run's id")
     _reads(rs, runs.cmd_show, read_only=True)
+    rlogs = runs_p.add_parser("logs", parents=[common], help="print what a run wrote (stdout, stderr, logging)",
+                              formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
+    rlogs.add_argument("id", type=int, help="the run's id")
+    rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "

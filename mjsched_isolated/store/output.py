@@ -65,7 +65,7 @@ class RunOutput:
             return [(seq, data) for seq, data in conn.execute(query)]
 
     @staticmethod
-    def delete_for_runs(conn: Connection, run_ids: sa.ColumnElement | list[int]) -> None:
+    def delete_for_runs(conn: Connection, run_ids: sa.Select | list[int]) -> None:
         """Delete the output of ``run_ids`` (a list or a subquery of run ids) inside ``conn``'s transaction:
         what the foreign key's cascade does, for connections that do not enforce foreign keys."""
         conn.execute(run_output.delete().where(run_output.c.run_id.in_(run_ids)))

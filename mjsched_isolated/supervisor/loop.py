@@ -22,7 +22,7 @@ from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.dispatch import Dispatcher
 from mjsched_isolated.supervisor.guard import RunGuard
-from mjsched_isolated.supervisor.inflight import InFlight
+from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.liveness import Liveness
 from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
@@ -230,8 +230,22 @@ class Supervisor:
                           extra={"job": flight.job_name, "run_id": flight.run_id})
             elif isinstance(message, protocol.Heartbeat) and flight is not None:
                 self.guard.heartbeat(flight, now)
+            elif isinstance(message, protocol.RunOutput) and flight is not None:
+                self._store_output(flight, message.text, now)
             elif isinstance(message, protocol.Ready):
                 self.dispatcher.advice.log_plugins(message)
+
+    def _store_output(self, flight: InFlight, text: str, now: dt.datetime) -> None:
+        """Append a piece of the run's output (bounded by the worker) to its ``run_output`` rows. Output is
+        not worth an outcome: a database that cannot take it loses that piece, said once per run."""
+        if flight.output_seq < 0:  # an earlier piece was lost: a gap would read as complete output
+            return
+        try:
+            flight.output_seq = self.store.append_run_output(flight.run_id, flight.output_seq, [text], now)
+        except Exception as exc:  # noqa: BLE001 - an outage or a refused text must not stop the loop
+            log.warning("run %d of job %s: its output could not be stored (%s); the rest of it is dropped",
+                        flight.run_id, flight.job_name, _short(exc), extra=log_ctx(flight))
+            flight.output_seq = -1
 
     def _wake_sender(self) -> None:
         """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""

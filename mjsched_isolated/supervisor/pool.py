@@ -90,7 +90,8 @@ class Pool:
 
     def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
-                 max_memory_per_child_mb: float | None = None, log_format: str = "text"):
+                 max_memory_per_child_mb: float | None = None, log_format: str = "text",
+                 max_run_output_bytes: int = 4 * 1024 * 1024):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -98,6 +99,7 @@ class Pool:
         self.plugins_dir = os.path.abspath(plugins_dir) if plugins_dir is not None else None
         self.log_level = log_level
         self.log_format = log_format  # children log in the supervisor's format (see logs.py)
+        self.max_run_output_bytes = max_run_output_bytes  # per run, kept by the child (worker/output.py)
         self.ready_timeout_s = ready_timeout_s
         self.import_timeout_s = import_timeout_s
         self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
@@ -130,7 +132,7 @@ class Pool:
                    import_timeout_s=settings.plugin_import_timeout_s,
                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
-                   log_format=settings.log_format)
+                   log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,7 +143,7 @@ class Pool:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
-                                                           dict(self.fatal_modules)),
+                                                           dict(self.fatal_modules), self.max_run_output_bytes),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()

@@ -1,8 +1,10 @@
-"""``mjsched runs ...``: list, show, prune."""
+"""``mjsched runs ...``: list, show, logs, prune."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from mjsched_isolated import ops
 from mjsched_isolated.cli import render
@@ -43,6 +45,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         render.listing(row, width=22)  # terminal-safe: a plugin's escape codes do not reach the terminal
     return Exit.OK
+
+
+FOLLOW_POLL_S = 1.0  # the worker sends a live run's output about once a second
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the run's output in order; with ``--follow``, keep printing until the run has ended."""
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    with open_store(args) as store:
+        after = -1
+        while True:
+            chunks, running = ops.run_output(store, args.id, after)
+            for seq, text in chunks:
+                sys.stdout.write(text)
+                after = seq
+            sys.stdout.flush()
+            if not (args.follow and running):
+                return Exit.OK
+            time.sleep(FOLLOW_POLL_S)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
