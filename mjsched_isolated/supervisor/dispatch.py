@@ -32,6 +32,11 @@ log = logging.getLogger("mjsched.supervisor")
 SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
 
 
+def job_types(worker: Any) -> set[str]:
+    """The job types ``worker`` loaded (empty until it is ready)."""
+    return set() if worker.ready is None else {p.job_type for p in worker.ready.plugins}
+
+
 class Dispatcher:
     """Decides due jobs and starts runs into ``inflight`` (the supervisor's dict, run id -> InFlight)."""
 
@@ -47,6 +52,7 @@ class Dispatcher:
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
+        self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -82,19 +88,32 @@ class Dispatcher:
     # -- due jobs -------------------------------------------------------------------------------------
     def dispatch_due(self, now: dt.datetime) -> None:
         """Claim due jobs, earliest first, for idle workers, and hand them over. Does not wait for runs."""
+        self.waiting_for_worker.clear()
         idle = self.pool.idle_workers()
         if not idle or self.pool.last_ready is None:
             return
-        known = {p.job_type for p in self.pool.last_ready.plugins}
+        # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
+        # while serving, a reload in progress); a run goes to a worker that has its type
+        known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
+                 for p in w.ready.plugins}
+        types = {id(w): job_types(w) for w in idle}
         for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
             if not idle:
                 break
-            if self.decide_one(job, known, now, idle[-1]):
-                idle.pop()
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None and job["job_type"] in known:  # only a busy worker has it: wait for one
+                self.waiting_for_worker.add(job["id"])
+                continue
+            worker = worker or idle[-1]
+            if self.decide_one(job, known, now, worker):
+                idle.remove(worker)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
-        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        if not self.pool.idle_workers():
+            return None
+        return self.store.next_due_at(set(self.bad_jobs) | self.waiting_for_worker)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
