@@ -251,3 +251,14 @@ def test_serve_stores_a_runs_output_shown_live_and_afterwards_while_its_log_stay
     missing = subprocess.run([*logs_cmd, "999"], capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and missing.stderr.startswith("error: id: ")
     assert not [line for line in serve.output if any(n in line for n in IN_ORDER)]  # the supervisor log is clean
+
+
+def test_plugin_reload_requests_grow_and_keep_one_row(any_store):
+    store = any_store
+    assert store.latest_plugin_reload() == 0
+    first = store.request_plugin_reload("host-1")
+    second = store.request_plugin_reload("host-2")
+    assert second["id"] > first["id"] and store.latest_plugin_reload() == second["id"]
+    assert second["requested_by"] == "host-2" and second["requested_at"].tzinfo is not None
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.plugin_reloads)).scalar_one() == 1

@@ -34,6 +34,7 @@ from mjsched_isolated.store import (
     NextDueJob,
     NotificationRow,
     OutboxRow,
+    PluginReloadRow,
     RecentFailure,
     RunOutputRow,
     RunRow,
@@ -42,7 +43,7 @@ from mjsched_isolated.store import (
     SupervisorRow,
     SupervisorStatus,
 )
-from mjsched_isolated.store.schema import jobs, notifications, run_output, runs, supervisors
+from mjsched_isolated.store.schema import jobs, notifications, plugin_reloads, run_output, runs, supervisors
 from mjsched_isolated.store.text import fit_json, fit_text
 
 UTC = dt.UTC
@@ -1313,7 +1314,8 @@ def _keys(row_type: type) -> set[str]:
 
 def test_column_rows_declare_exactly_their_tables_columns():
     for row_type, table in ((JobRow, jobs), (RunRow, runs), (SupervisorRow, supervisors),
-                            (NotificationRow, notifications), (RunOutputRow, run_output)):
+                            (NotificationRow, notifications), (RunOutputRow, run_output),
+                            (PluginReloadRow, plugin_reloads)):
         assert _keys(row_type) == set(table.c.keys()), row_type.__name__
     assert _keys(OutboxRow) == set(notifications.c.keys()) - {
         "id", "status", "attempts", "next_attempt_at", "claimed_by", "claimed_until", "last_error", "created_at",

@@ -12,6 +12,7 @@ from mjsched_isolated.store.records import (
                                             NextDueJob,
                                             NotificationRow,
                                             OutboxRow,
+                                            PluginReloadRow,
                                             RecentFailure,
                                             RunOutputRow,
                                             RunRow,
@@ -21,5 +22,5 @@ from mjsched_isolated.store.records import (
 )
 
 __all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "NextDueJob", "NotificationRow", "OutboxRow",
-           "RecentFailure", "RunOutputRow", "RunRow", "RunView", "Store", "SupervisorRow", "SupervisorStatus",
-           "is_permanent_error"]
+           "PluginReloadRow", "RecentFailure", "RunOutputRow", "RunRow", "RunView", "Store", "SupervisorRow",
+           "SupervisorStatus", "is_permanent_error"]

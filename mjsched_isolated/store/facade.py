@@ -11,7 +11,7 @@ module                      owns
 :mod:`.outbox`              the notification outbox (claim, settle, list)
 :mod:`.views`               read-only views: ``get_run``, ``list_runs``, the ``status`` projections
 :mod:`.retention`           pruning runs and notifications
-:mod:`.output`              runs' captured output (``run_output`` chunks)
+:mod:`.output`              runs' captured output (``run_output`` chunks), ``plugins reload`` requests
 :mod:`.records`             the typed rows (``TypedDict``) returned here; :class:`Claim`
 :mod:`.text`                fitting text/JSON to the column cap; :mod:`.errors`: refused data vs outage
 :mod:`.schema`              tables, engine, database clock; :mod:`.migrate`: the schema's revisions
@@ -35,7 +35,7 @@ from mjsched_isolated.store import schema
 from mjsched_isolated.store.jobs import Jobs
 from mjsched_isolated.store.leases import Leases
 from mjsched_isolated.store.outbox import Outbox
-from mjsched_isolated.store.output import RunOutput
+from mjsched_isolated.store.output import PluginReloads, RunOutput
 from mjsched_isolated.store.records import (
     AbandonedRun,
     Claim,
@@ -44,6 +44,7 @@ from mjsched_isolated.store.records import (
     NextDueJob,
     NotificationRow,
     OutboxRow,
+    PluginReloadRow,
     RecentFailure,
     RunRow,
     RunView,
@@ -71,6 +72,7 @@ class Store:
         self.views = Views(engine)
         self.retention = Retention(engine)
         self.output = RunOutput(engine)
+        self.reloads = PluginReloads(engine)
 
     @classmethod
     def open(cls, url: str, *, auto_upgrade: bool = False) -> Store:
@@ -254,6 +256,14 @@ class Store:
     def run_output(self, run_id: int, after_seq: int = -1) -> list[tuple[int, str]]:
         """``(seq, text)`` chunks of run ``run_id``'s output after ``after_seq``, in order (:meth:`RunOutput.read`)."""
         return self.output.read(run_id, after_seq)
+
+    def request_plugin_reload(self, requested_by: str) -> PluginReloadRow:
+        """Ask every supervisor to reload its plugins (:meth:`PluginReloads.request`)."""
+        return self.reloads.request(requested_by)
+
+    def latest_plugin_reload(self) -> int:
+        """The newest ``plugins reload`` request's id, 0 if none (:meth:`PluginReloads.latest`)."""
+        return self.reloads.latest()
 
     def list_runs(self, *, job_name: str | None = None, status: str | None = None, limit: int = 50) -> list[RunView]:
         """Runs, newest first (:meth:`Views.list_runs`)."""

@@ -1,4 +1,5 @@
-"""A run's captured output in the ``run_output`` table: ordered chunks of text, written as the worker
+"""A run's captured output in the ``run_output`` table (and ``plugins reload`` requests,
+:class:`PluginReloads`): ordered chunks of text, written as the worker
 sends them (about once a second while the run writes), read back in order by ``runs logs`` and
 :meth:`mjsched_isolated.client.Client.run_logs`.
 
@@ -16,7 +17,8 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from mjsched_isolated.store.schema import run_output
+from mjsched_isolated.store.records import PluginReloadRow
+from mjsched_isolated.store.schema import db_now, plugin_reloads, run_output
 
 OUTPUT_CHUNK_BYTES = 16_000  # of UTF-8 per row: a U+FFFD stands for one bad byte in 3, so raw 16 KB fits too
 
@@ -69,3 +71,26 @@ class RunOutput:
         """Delete the output of ``run_ids`` (a list or a subquery of run ids) inside ``conn``'s transaction:
         what the foreign key's cascade does, for connections that do not enforce foreign keys."""
         conn.execute(run_output.delete().where(run_output.c.run_id.in_(run_ids)))
+
+
+class PluginReloads:
+    """``plugins reload`` requests (table ``plugin_reloads``): the CLI adds one, every supervisor reads the
+    newest id at its renewal interval and replaces its workers when it grew."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def request(self, requested_by: str) -> PluginReloadRow:
+        """Add a request (stamped with the database clock) and delete the older ones; returns it."""
+        with self.engine.begin() as conn:
+            key = conn.execute(plugin_reloads.insert().values(
+                requested_at=db_now(self.engine.dialect.name), requested_by=requested_by[:255])).inserted_primary_key
+            assert key is not None
+            conn.execute(plugin_reloads.delete().where(plugin_reloads.c.id < key[0]))
+            row = conn.execute(sa.select(plugin_reloads).where(plugin_reloads.c.id == key[0])).mappings().one()
+        return PluginReloadRow(id=row["id"], requested_at=row["requested_at"], requested_by=row["requested_by"])
+
+    def latest(self) -> int:
+        """The newest request's id (0: none yet)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.coalesce(sa.func.max(plugin_reloads.c.id), 0))).scalar_one()

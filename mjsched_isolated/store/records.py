@@ -2,7 +2,7 @@
 checks their keys where they cross module lines. At run time each is a plain ``dict``.
 
 Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`,
-:class:`RunOutputRow`) have
+:class:`RunOutputRow`, :class:`PluginReloadRow`) have
 exactly the columns of their table in :mod:`mjsched_isolated.store.schema` (a test compares them). View
 rows add joined columns (``job_name``) or are projections for ``status``. Datetimes are aware UTC;
 ``status``, ``concurrency_mode``, ``missed_run_policy``, ``event`` and ``priority`` hold the stored text of
@@ -117,6 +117,14 @@ class RunOutputRow(TypedDict):
     seq: int
     data: str
     created_at: dt.datetime
+
+
+class PluginReloadRow(TypedDict):
+    """A ``plugin_reloads`` row: one ``plugins reload`` request (database time, and who asked)."""
+
+    id: int
+    requested_at: dt.datetime
+    requested_by: str
 
 
 class SupervisorRow(TypedDict):

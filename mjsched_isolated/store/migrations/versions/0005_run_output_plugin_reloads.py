@@ -1,10 +1,10 @@
-"""run_output: each run's captured output (stdout, stderr, logging records) in ordered chunks
+"""run_output: each run's captured output in ordered chunks; plugin_reloads: `plugins reload` requests
 
 Revision ID: 0005
 Revises: 0002
 Create Date: 2026-12-02
 
-A new table only: existing runs simply have no output rows.
+New tables only: existing runs simply have no output rows, and no reload has been requested.
 """
 
 import sqlalchemy as sa
@@ -30,7 +30,14 @@ def upgrade() -> None:
         sa.Column("data", sa.Text, nullable=False),
         sa.Column("created_at", _utc_datetime(), nullable=False),
     )
+    op.create_table(
+        "plugin_reloads",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("requested_at", _utc_datetime(), nullable=False),
+        sa.Column("requested_by", sa.String(255), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("plugin_reloads")
     op.drop_table("run_output")
