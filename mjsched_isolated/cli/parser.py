@@ -225,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = plugins.add_parser("list", parents=[common, as_json],
                             help="job types found, and modules that failed (exit 1 if any failed)")
     _reads(pl, system.cmd_plugins_list)
+    reload_p = plugins.add_parser("reload", parents=[common],
+                                  help="make every supervisor of the database load the plugin code on its disk; "
+                                       "workers are replaced as their runs end")
+    _reads(reload_p, system.cmd_plugins_reload)
     check = sub.add_parser("check", parents=[common, as_json],
                            help="validate the settings, import every plugin, check every job; exit 0 when all is well")
     check.add_argument("--jobs", metavar="FILE", dest=SETTING + "jobs_file", default=argparse.SUPPRESS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import signal
 import socket
 import time
@@ -27,6 +28,7 @@ from mjsched_isolated.supervisor.liveness import Liveness
 from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
+from mjsched_isolated.supervisor.reload import PluginReloader
 from mjsched_isolated.supervisor.retention import Pruner
 
 log = logging.getLogger("mjsched.supervisor")
@@ -62,7 +64,11 @@ class Supervisor:
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
+        self.reloader = PluginReloader(pool, store.latest_plugin_reload, check_interval_s=settings.rescan_interval_s,
+                                       request_interval_s=settings.lease_renew_interval_s)
         self._signals = 0
+        self._reload_signal = False  # SIGHUP without a controlling terminal: reload the plugins
+        self._hangup_stops = True  # SIGHUP with a controlling terminal: a hang-up, drain and stop (serve sets it)
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
 
     # -- the parts' state, under the names callers and tests use ----------------------------------
@@ -154,8 +160,12 @@ class Supervisor:
             timeout_s = min(timeout_s, self._stop_at - time.monotonic())
         if max_wait_s is not None:
             timeout_s = min(timeout_s, max_wait_s)
-        events, woken = self.pool.wait(max(0.0, timeout_s), list(extra))
+        probe = self.reloader.handles()
+        events, woken = self.pool.wait(max(0.0, timeout_s), [*extra, *probe])
         self.on_events(events, self.read_clock()[0])
+        if probe:
+            self.reloader.poll(time.monotonic())
+            woken = [h for h in woken if h not in probe]
         self.metrics.loop_completed(time.monotonic())
         return woken
 
@@ -188,6 +198,7 @@ class Supervisor:
                 log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
                 self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
+            self.reloader.step(mono)
         return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))
 
     def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
@@ -259,6 +270,10 @@ class Supervisor:
         for sock in (rsock, wsock):
             sock.setblocking(False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # SIGHUP: a closed terminal or a lost SSH session when serve has a controlling terminal (drain and
+        # stop, as SIGTERM: issue 12); a reload request when it has none (systemd, a daemon: issue 14)
+        self._hangup_stops = has_controlling_terminal()
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
             self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
@@ -278,6 +293,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             rsock.close()
             wsock.close()
+            self.reloader.close()
             self.pool.close()
             if self.notifier is not None:
                 self.notifier.stop()
@@ -294,8 +310,20 @@ class Supervisor:
             return
         self._signals += 1
 
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        """SIGHUP: with a controlling terminal, a stop request like SIGTERM; without one, a plugin reload
+        (only a flag: the loop acts on it)."""
+        if self._hangup_stops:
+            self._on_signal(signum, frame)
+        else:
+            self._reload_signal = True
+
     def _act_on_stop_requests(self, now: dt.datetime, mono: float) -> None:
-        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs."""
+        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs. A
+        SIGHUP meaning reload is handed to the reloader."""
+        if self._reload_signal:
+            self._reload_signal = False
+            self.reloader.request("SIGHUP")
         if self._signals >= 2 and self.inflight:
             log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
             self.guard.cancel_all(now, "interrupted by shutdown (second signal)")
@@ -332,6 +360,17 @@ class Supervisor:
         """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
         :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
         return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
+
+
+def has_controlling_terminal() -> bool:
+    """True if this process has a controlling terminal (opening ``/dev/tty`` works): then SIGHUP is the
+    terminal's hang-up, else (systemd, a daemon, a container) the conventional "reload" request."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def _drain_socket(sock: socket.socket) -> None:

@@ -56,6 +56,7 @@ class Worker:
         self.importing: str | None = None  # the plugin module being imported (before Ready)
         self.run: protocol.RunRequest | None = None
         self.runs_done = 0
+        self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
 
     @property
     def pid(self) -> int:
@@ -118,6 +119,7 @@ class Pool:
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self._warned: set[str] = set()  # plugin-load warnings already logged
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
+        self.generation = 0  # plugin code generation; replace_all() moves it on (supervisor/reload.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -149,6 +151,7 @@ class Pool:
             process.start()
         child_conn.close()
         worker = Worker(slot, process, parent_conn, time.monotonic())
+        worker.generation = self.generation
         self.workers[slot] = worker
         return worker
 
@@ -212,6 +215,7 @@ class Pool:
                 events.append(self._reap(worker))
             elif worker.runs_done > runs_before and worker.idle:
                 self._recycle_if_due(worker)
+        self._retire_stale()
         return events, [h for h in ready if h in extra]
 
     def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
@@ -280,20 +284,36 @@ class Pool:
         self._vacate(worker, died_before_ready=False)
         return run
 
+    def replace_all(self) -> None:
+        """New plugin code: every worker is replaced by one that imports it, an idle one at once, a busy
+        one when its run ends (its result is read first); refilled slots import the code then on disk."""
+        self.generation += 1
+        self._retire_stale()
+
+    def _retire_stale(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker is not None and worker.idle and worker.generation != self.generation:
+                self._retire(worker, "replaced to load the new plugin code")
+
+    def _retire(self, worker: Worker, why: str) -> None:
+        """Give ``worker`` no new run: ask it to stop (killed if still alive after ``RECYCLE_STOP_TIMEOUT_S``)
+        and refill its slot at once."""
+        log.info("worker %d %s", worker.pid, why)
+        try:
+            protocol.send(worker.conn, protocol.Stop())
+        except OSError:
+            pass
+        self._retiring.append((worker, time.monotonic() + RECYCLE_STOP_TIMEOUT_S))
+        self._vacate(worker, died_before_ready=False)
+
     def _recycle_if_due(self, worker: Worker) -> None:
         """Between runs: retire ``worker`` if it is over a recycling limit (it gets no new run: its slot is
         vacated before the caller dispatches again), ask it to stop, and refill the slot at once."""
         reason = recycle_reason(worker.pid, worker.runs_done, self.max_tasks_per_child, self.max_memory_per_child_mb)
         if reason is None:
             return
-        log.info("worker %d recycled %s", worker.pid, reason)
-        try:
-            protocol.send(worker.conn, protocol.Stop())
-        except OSError:
-            pass
         self.recycled += 1
-        self._retiring.append((worker, time.monotonic() + RECYCLE_STOP_TIMEOUT_S))
-        self._vacate(worker, died_before_ready=False)
+        self._retire(worker, f"recycled {reason}")
 
     def _reap_retiring(self, now: float) -> None:
         """Join recycled children that exited; kill (whole tree) those still alive past their bound."""
