@@ -193,7 +193,8 @@ class GilHog(BaseScheduledJob):
         import re
 
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
-        os.write(1, f"gil_hog: run {context.run_id} grandchild {grandchild.pid}\n".encode())
+        # to the supervisor's log (the worker's own logger): the run's own output is stored with the run
+        logging.getLogger("mjsched.child").warning("gil_hog: run %d grandchild %d", context.run_id, grandchild.pid)
         re.match(r"(a*)*b", "a" * 64)
         return ScheduledJobResult(success=True)
 
