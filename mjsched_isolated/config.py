@@ -198,6 +198,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
 
 
+MAX_RUN_OUTPUT_BYTES = 1024**3  # 1 GiB: beyond it a run's output belongs in a file it writes itself
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
@@ -231,6 +234,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                   "report ready")] = 60.0
     plugin_import_timeout_s: Annotated[float, _doc("seconds one plugin module may take to import before it "
                                                    "is left out")] = 10.0
+    max_run_output_bytes: Annotated[int, _doc(
+        "bytes of a run's output (stdout, stderr, logging) kept with it: its first and last halves when it "
+        "writes more (see `runs logs`)")] = 4 * 1024 * 1024
     lease_ttl_s: Annotated[float, _doc(
         "this supervisor's liveness lease in seconds; a dead one's runs are recovered within TTL + rescan")] = 30.0
     lease_renew_interval_s: Annotated[float, _doc("seconds between renewals of the liveness lease")] = 10.0
@@ -283,6 +289,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")
+        if not 1024 <= self.max_run_output_bytes <= MAX_RUN_OUTPUT_BYTES:
+            raise InputError("max_run_output_bytes", f"must be an integer from 1024 to {MAX_RUN_OUTPUT_BYTES}, "
+                             f"got {self.max_run_output_bytes}")
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")

@@ -134,8 +134,8 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 and later revisions add."""
-    out = {k: v for k, v in reflected.items() if k != "notifications"}
+    """What 0001 should be: the current schema minus what 0002 (and later revisions) add."""
+    out = {k: v for k, v in reflected.items() if k not in ("notifications", "run_output", "plugin_reloads")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
