@@ -96,9 +96,8 @@ def overview(store: Store, views: DashboardViews, now: dt.datetime, database_url
     db_now = report["db_time"]
     charts = {}
     for name, (bucket_s, buckets) in WINDOWS.items():
-        end = db_now.replace(microsecond=0)
-        since = end - dt.timedelta(seconds=bucket_s * buckets - 1)
-        since = since - dt.timedelta(seconds=since.timestamp() % bucket_s)
+        current = db_now.replace(microsecond=0) - dt.timedelta(seconds=db_now.timestamp() // 1 % bucket_s)
+        since = current - dt.timedelta(seconds=bucket_s * (buckets - 1))  # the last bucket is the current one
         counts = views.runs_by_status(since, bucket_s, buckets)
         charts[name] = {"since": since, "bucket_s": bucket_s,
                         "buckets": [{"start": since + dt.timedelta(seconds=i * bucket_s), "counts": c}

@@ -48,7 +48,8 @@ class DashboardViews:
         """Seconds from ``since`` to ``runs.started_at`` as a SQL expression, per dialect."""
         naive = since.astimezone(dt.UTC).replace(tzinfo=None)
         if self.dialect == "sqlite":
-            return (sa.func.julianday(runs.c.started_at) - sa.func.julianday(naive.isoformat(" "))) * 86400.0
+            # whole seconds (julianday's float arithmetic puts an exact boundary a hair below it)
+            return sa.cast(sa.func.strftime("%s", runs.c.started_at), sa.Integer) - int(since.timestamp())
         if self.dialect == "postgresql":
             return sa.extract("epoch", runs.c.started_at - sa.literal(naive, sa.DateTime()))
         return sa.func.timestampdiff(sa.text("SECOND"), sa.literal(naive, sa.DateTime()), runs.c.started_at)
