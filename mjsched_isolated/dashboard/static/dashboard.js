@@ -10,7 +10,7 @@
     for (var i = 0; i < nodes.length; i++) {
       var when = new Date(nodes[i].getAttribute("datetime"));
       if (!isNaN(when)) {
-        nodes[i].textContent = when.toLocaleString(undefined, {dateStyle: "short", timeStyle: "medium"});
+        nodes[i].textContent = when.toLocaleString(undefined, {dateStyle: "medium", timeStyle: "medium"});
         nodes[i].title = Intl.DateTimeFormat().resolvedOptions().timeZone;
       }
     }
