@@ -5,6 +5,7 @@ checked here: a bad one is an :class:`InputError` naming it (HTTP 400 with the s
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,12 @@ from mjsched_isolated.config import redact_url
 from mjsched_isolated.cronshow import describe_next
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
 from mjsched_isolated.errors import InputError, MjschedError
-from mjsched_isolated.status import collect
+from mjsched_isolated.status import (
+    HIDE_SUPERVISORS_AFTER_S,
+    LIMIT,
+    MANUAL_INSTANCE_PREFIX,
+    SUPERVISOR_COLUMNS,
+)
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.dashboard_views import MAX_PAGE, DashboardViews
 
@@ -24,6 +30,7 @@ WINDOWS = {"hour": (300, 12), "day": (3600, 24)}  # bucket seconds, buckets
 UPCOMING = 5
 
 
+@functools.lru_cache(maxsize=4096)
 def describe_schedule(cron_expression: str) -> str:
     """The schedule in words (cron-descriptor, 24-hour clock), or the expression itself if it cannot say."""
     try:
@@ -90,10 +97,11 @@ def _job_summary(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def overview(store: Store, views: DashboardViews, now: dt.datetime, database_url: str) -> dict[str, Any]:
-    """The overview: charts of runs by status (last hour by 5 min, last day by hour), the ``status``
-    report (supervisors, in-flight runs, next due jobs, recent failures, warnings) and totals."""
-    report = collect(store)
-    db_now = report["db_time"]
+    """The overview: charts of runs by status (last hour by 5 min, last day by hour), what ``status``
+    shows (supervisors, in-flight runs, next due jobs, recent failures, warnings; the in-flight runs and
+    failures read by :class:`DashboardViews`' index walks, which stay fast on millions of runs) and totals."""
+    db_now = store.db_now()
+    report = status_report(store, views, db_now)
     charts = {}
     for name, (bucket_s, buckets) in WINDOWS.items():
         current = db_now.replace(microsecond=0) - dt.timedelta(seconds=db_now.timestamp() // 1 % bucket_s)
@@ -107,6 +115,38 @@ def overview(store: Store, views: DashboardViews, now: dt.datetime, database_url
         row["schedule_words"] = describe_schedule(row["cron_expression"])
     return {**report, "charts": charts, "totals": views.totals(), "database": redact_url(database_url),
             "now": now}
+
+
+def status_report(store: Store, views: DashboardViews, db_now: dt.datetime, limit: int = LIMIT) -> dict[str, Any]:
+    """:func:`mjsched_isolated.status.collect`'s report (same keys and rules), with in-flight runs and
+    recent failures from :class:`DashboardViews`."""
+    supervisors: list[dict[str, Any]] = [
+        {k: dict(row)[k] for k in (*SUPERVISOR_COLUMNS, "stopped_at")}
+        for row in store.status_supervisors(HIDE_SUPERVISORS_AFTER_S)
+        if not (row["instance"].startswith(MANUAL_INSTANCE_PREFIX) and row["stopped_at"] is not None)]
+    in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
+                  "supervisor": r["executed_by_instance"], "started_at": r["started_at"],
+                  "deadline_at": r["deadline_at"],
+                  "running_for_s": round(max(0.0, (db_now - r["started_at"]).total_seconds()), 3)}
+                 for r in views.inflight_runs()]
+    failures = [{**r, "error_message": first_line(r["error_message"])} for r in views.recent_failures(limit)]
+    next_due: list[dict[str, Any]] = [dict(r) for r in store.next_due_jobs(limit)]
+    warnings = []
+    overdue = [job for job in next_due if job["next_run_at"] <= db_now]
+    if overdue and not any(s["alive"] for s in supervisors):
+        warnings.append(f"no supervisor is alive and {len(overdue)}{'+' if len(overdue) == limit else ''} job(s) "
+                        f"are overdue (the oldest, {overdue[0]['name']}, since "
+                        f"{overdue[0]['next_run_at']:%Y-%m-%dT%H:%M:%SZ}): start `mjsched serve`")
+    return {"db_time": db_now, "supervisors": supervisors, "in_flight": in_flight, "next_due": next_due,
+            "recent_failures": failures, "warnings": warnings}
+
+
+def first_line(text: str | None) -> str | None:
+    """The first line of ``text`` (None stays None)."""
+    if text is None:
+        return None
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def jobs_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any]:

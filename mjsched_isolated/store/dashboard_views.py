@@ -144,25 +144,53 @@ class DashboardViews:
         """Runs newest first (by id) with ids below ``before`` (keyset), at most ``limit``, filtered by job
         name, status, supervisor (``executed_by_instance``) and start time (``started_after`` inclusive,
         ``started_before`` exclusive). Raises :class:`NotFoundError` (field ``job``) for an unknown job."""
-        query = sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id)
+        # two steps: the page's ids from an index alone (each index holds the id), then those rows
+        ids = sa.select(runs.c.id)
         with self.engine.connect() as conn:
             if job_name:
                 job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == job_name)).scalar()
                 if job_id is None:
                     raise NotFoundError("job", f"no job named {job_name!r}")
-                query = query.where(runs.c.job_id == job_id)
+                ids = ids.where(runs.c.job_id == job_id)
             if status:
-                query = query.where(runs.c.status == status)
+                ids = ids.where(runs.c.status == status)
             if supervisor:
-                query = query.where(runs.c.executed_by_instance == supervisor)
+                ids = ids.where(runs.c.executed_by_instance == supervisor)
             if started_after is not None:
-                query = query.where(runs.c.started_at >= started_after)
+                ids = ids.where(runs.c.started_at >= started_after)
             if started_before is not None:
-                query = query.where(runs.c.started_at < started_before)
+                ids = ids.where(runs.c.started_at < started_before)
             if before is not None:
-                query = query.where(runs.c.id < before)
-            query = query.order_by(runs.c.id.desc()).limit(min(limit, MAX_PAGE))
+                ids = ids.where(runs.c.id < before)
+            page = list(conn.execute(ids.order_by(runs.c.id.desc()).limit(min(limit, MAX_PAGE))).scalars())
+            if not page:
+                return []
+            query = (sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id)
+                     .where(runs.c.id.in_(page)).order_by(runs.c.id.desc()))
             return [cast(RunView, _decode(dict(r))) for r in conn.execute(query).mappings()]
+
+    def inflight_runs(self) -> list[dict[str, Any]]:
+        """Running runs, oldest first by id: a walk of ``ix_runs_status`` (status, id), whatever the
+        planner's statistics say about ``started_at``."""
+        query = (sa.select(runs.c.id, jobs.c.name.label("job_name"), jobs.c.job_type, runs.c.executed_by_instance,
+                           runs.c.started_at, runs.c.deadline_at, runs.c.scheduled_at)
+                 .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == RunStatus.RUNNING)
+                 .order_by(runs.c.id))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def recent_failures(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The newest ``limit`` Failed or Timeout runs by id: one index walk per status (``ix_runs_status``
+        is ordered by id within a status), never a sort of every failure."""
+        found: list[dict[str, Any]] = []
+        with self.engine.connect() as conn:
+            for status in FAILING:
+                query = (sa.select(runs.c.id, jobs.c.name.label("job_name"), runs.c.status, runs.c.completed_at,
+                                   runs.c.error_message)
+                         .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == status)
+                         .order_by(runs.c.id.desc()).limit(limit))
+                found += [dict(r) for r in conn.execute(query).mappings()]
+        return sorted(found, key=lambda r: r["id"], reverse=True)[:limit]
 
     def supervisor_names(self, limit: int = 100) -> list[str]:
         """Registered supervisors' instance names, newest lease first (for the runs filter)."""
