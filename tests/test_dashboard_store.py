@@ -88,3 +88,25 @@ def test_views_on_every_database(backend_url):
         assert views.fingerprint() != first
     finally:
         store.close()
+
+
+def test_a_time_window_pages_by_start_time_without_gaps_or_repeats(backend_url):
+    store = Store.open(backend_url)
+    try:
+        minutes = [5, 3, 9, 3, 7, 1, 3, 8, 0, 6, 2, 9]  # ids out of start order, with ties
+        with store.engine.begin() as conn:
+            job = _job(conn, "alpha")
+            for m in minutes:
+                conn.execute(runs.insert().values(job_id=job, started_at=T0 + dt.timedelta(minutes=m),
+                                                  status="Completed"))
+        views = DashboardViews(store.engine)
+        since = T0 + dt.timedelta(minutes=1)
+        seen, before = [], None
+        while page := views.list_runs(started_after=since, before=before, limit=3):
+            seen += [(r["started_at"], r["id"]) for r in page]
+            before = page[-1]["id"]
+        expected = sorted(((T0 + dt.timedelta(minutes=m), i + 1) for i, m in enumerate(minutes) if m >= 1),
+                          reverse=True)
+        assert seen == expected
+    finally:
+        store.close()
