@@ -113,6 +113,41 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         _seconds("metrics.", self, ("stall_after_s",))
 
 
+class Dashboard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[dashboard]``: ``mjsched dashboard``'s address and who may use it. Binds to 127.0.0.1 unless told;
+    another address is refused unless ``operator_password`` or ``operator_token`` is set. Passwords and
+    tokens are secrets (set them with ``MJSCHED_DASHBOARD_OPERATOR_PASSWORD`` and the like rather than in
+    the file); each may be given as plain text or as a hash printed by ``mjsched dashboard --hash-password``
+    (``scrypt$...``), and the dashboard keeps only hashes in memory. The ``viewer_*`` ones grant the
+    read-only role, the ``operator_*`` ones may also act. ``session_secret`` signs session cookies (random
+    per process when unset: sessions then end with the process)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8520
+    operator_password: str | None = None
+    viewer_password: str | None = None
+    operator_token: str | None = None
+    viewer_token: str | None = None
+    session_secret: str | None = None
+    session_max_age_s: float = 12 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InputError("dashboard.port", f"must be between 0 and 65535, got {self.port}")
+        if not self.host.strip():
+            raise InputError("dashboard.host", "must not be empty")
+        for name in ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret"):
+            value = getattr(self, name)
+            if value is not None and len(value) < 8:
+                raise InputError(f"dashboard.{name}", "must be at least 8 characters long")
+        _seconds("dashboard.", self, ("session_max_age_s",))
+
+    def __repr__(self) -> str:
+        secret = ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret")
+        shown = ", ".join(f"{name}={'***' if getattr(self, name) else None}" for name in secret)
+        return f"Dashboard(host={self.host!r}, port={self.port}, {shown})"
+
+
 def is_email_address(address: str) -> bool:
     """A plausible single address (``local@domain``, no spaces, separators or header characters): enough
     to catch a typo or a header injection; the SMTP server has the last word."""
@@ -261,6 +296,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     notifications: Notifications = msgspec.field(default_factory=Notifications)
+    dashboard: Dashboard = msgspec.field(default_factory=Dashboard)
 
     def __post_init__(self) -> None:
         if not self.database_url.strip():
@@ -322,7 +358,7 @@ def redact_url(url: str) -> str:
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
 SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "metrics": Metrics,
-                                             "notifications": Notifications}
+                                             "notifications": Notifications, "dashboard": Dashboard}
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 
 

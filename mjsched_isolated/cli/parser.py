@@ -16,7 +16,7 @@ import typing
 from typing import Any, Literal
 
 from mjsched_isolated import config
-from mjsched_isolated.cli.commands import JOB, SETTING, jobs, runs, system
+from mjsched_isolated.cli.commands import JOB, SETTING, dashboard, jobs, runs, system
 from mjsched_isolated.cli.exits import Exit
 from mjsched_isolated.cron import (
     DEFAULT_DST_FOLD,
@@ -266,6 +266,23 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", metavar="FILE", dest=SETTING + "jobs_file", default=argparse.SUPPRESS,
                        help="also validate this TOML jobs file (default: the configured one)")
     _reads(check, system.cmd_check)
+
+    dash = sub.add_parser("dashboard", parents=[common], formatter_class=fmt,
+                          help="the web dashboard: jobs, runs, supervisors, live; run now, pause, resume, edit",
+                          description="Serve the web dashboard of the database until SIGTERM/SIGINT. Binds to "
+                                      "127.0.0.1 unless told; another address needs a dashboard password or "
+                                      "token (settings [dashboard], MJSCHED_DASHBOARD_*). Needs the dashboard "
+                                      "extra: pip install 'mjsched_isolated[dashboard]'.",
+                          epilog="examples:\n  mjsched dashboard --db sqlite:///mjsched.db\n"
+                                 "  MJSCHED_DASHBOARD_OPERATOR_PASSWORD=... mjsched dashboard --host 0.0.0.0\n"
+                                 "  mjsched dashboard --hash-password   # prints a hash for the settings file")
+    dash.add_argument("--host", dest=SETTING + "dashboard.host", default=argparse.SUPPRESS, metavar="HOST",
+                      help="address to listen on (default 127.0.0.1)")
+    dash.add_argument("--port", dest=SETTING + "dashboard.port", type=int, default=argparse.SUPPRESS, metavar="PORT",
+                      help="port to listen on (default 8520; 0: a free one, logged)")
+    dash.add_argument("--hash-password", action="store_true",
+                      help="read a password on stdin, print its scrypt hash for the settings, and exit")
+    _reads(dash, dashboard.cmd_dashboard)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", metavar="ACTION",
                                                                      required=True, parser_class=_Parser)
