@@ -144,3 +144,30 @@ def test_compare_apscheduler_leaves_no_process_behind_even_a_hung_one(tmp_path):
     assert row["runs"] >= 1 and row["left"] >= 1  # the pool, the hung process among it, outlived the scheduler
     alive = [p for p in psutil.process_iter(["cmdline"]) if str(path) in " ".join(p.info["cmdline"] or [])]
     assert alive == []
+
+
+@pytest.mark.timeout(30)
+def test_rawdb_bare_driver_replays_the_stores_sql_and_notices_when_it_does_not_do_the_same_work(tmp_path):
+    import rawdb
+    import runner
+    row = rawdb.bare_limit(runs=12, backend="sqlite", jobs=3)
+    assert row["path"] == "bare sqlite3" and row["runs"] == 12 and row["runs_per_s"] > 0
+    assert rawdb.raw_limit(runs=5, backend="sqlite", jobs=2)["path"] == "store"
+    ns = runner.Namespace("sqlite", tmp_path)  # record 4 runs, replay them twice on one database
+    store = rawdb.Store.open(ns.url)
+    recorder = rawdb.Recorder(store.engine)
+    rawdb._store_runs(store, 4, 2, mark=recorder.mark)
+    recorder.close()
+    store.close()
+    ops = recorder.ops[next(i for i, op in enumerate(recorder.ops) if op[0] == "run"):]
+    assert [op[0] for op in ops].count("commit") == 8  # claim and finish: one transaction each
+    other = runner.Namespace("sqlite", tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    store = rawdb.Store.open(other.url)
+    rawdb._setup(store, 2)
+    store.close()
+    conn = rawdb.bare_connect(other.url)
+    assert len(rawdb.replay(conn, ops)) == 4
+    with pytest.raises(RuntimeError, match="replay differs"):  # the occurrences are claimed already
+        rawdb.replay(conn, ops)
+    conn.close()
