@@ -68,7 +68,7 @@ import workload as wl
 
 SAMPLE_S = 0.2
 TAIL_S = 1.0  # the scheduler runs at least this long after the window's end
-STARTUP_S = 5.0  # the engine's --run-for counts from serve's start; its first run comes after its workers
+FIRST_RUN_WITHIN_S = 60.0  # serve's --run-for, a bound only: the parent stops it after the first run's window
 
 
 # ---------------------------------------------------------------- pure parts (tests/test_benchmarks.py)
@@ -211,14 +211,14 @@ class Sampler:
                     p.kill()
             time.sleep(SAMPLE_S)
 
-    def kill_leftovers(self, procs: list[subprocess.Popen]) -> int:
+    def kill_leftovers(self, procs: list[subprocess.Popen]) -> list[str]:
         """SIGKILL every sampled descendant still alive (same process, by its start time) and each root's process
-        group; return how many descendants were still alive."""
-        left = 0
+        group; return those descendants ("pid name: command line", shortened)."""
+        left = []
         for kid in self.seen.values():
             try:
                 if kid.is_running() and kid.status() != psutil.STATUS_ZOMBIE:
-                    left += 1
+                    left.append(f"{kid.pid} {kid.name()}: {' '.join(kid.cmdline())[:160]}")
                     kid.kill()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
@@ -241,32 +241,60 @@ def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, windo
         common = ["--db", ns.url, "--plugins", runner.PLUGINS_DIR, "--log-level", "WARNING"]
         subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common],
                        check=True, capture_output=True, timeout=600, cwd=tmp)
-        run_for = STARTUP_S + warmup_s + window_s + TAIL_S
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--max-concurrent-jobs", str(cap),
-               "--lease-timeout-s", "60", "--run-for", str(run_for), "--shutdown-timeout-s", "1"]
+               "--lease-timeout-s", "60", "--run-for", str(FIRST_RUN_WITHIN_S + warmup_s + window_s + TAIL_S),
+               "--shutdown-timeout-s", "1"]
         with contextlib.ExitStack() as stack:
             logs = [stack.enter_context(open(tmp / f"serve-{i}.log", "wb")) for i in range(supervisors)]
-            launched = time.time()
             procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
                      for log in logs]
         sampler = Sampler([p.pid for p in procs])
-        sampler.follow(procs, run_for + 120)
+        stopped_at = _stop_after_first_run(ns.url, procs, sampler, warmup_s + window_s + TAIL_S)
+        sampler.follow(procs, 120)
         left = sampler.kill_leftovers(procs)
+        if left:
+            print(f"  left behind by serve (killed): {left}", flush=True)
         runs, _ = runner.read_runs(ns.url, specs)
         if not any(r.get("exec_at") for r in runs):
             raise RuntimeError(f"no run recorded; serve's log:\n{(tmp / 'serve-0.log').read_text()[-2000:]}")
         row = measure(runs, sampler.series, warmup_s, window_s)
-        if row["t1"] > launched + run_for - TAIL_S:  # serve stops claiming at the earliest then
-            raise RuntimeError(f"the window ends after serve stopped: its first run came "
-                               f"{row['t0'] - warmup_s - launched:.1f} s after launch (allowed {STARTUP_S:g} s)")
+        if stopped_at is None or row["t1"] > stopped_at:
+            raise RuntimeError("the window ends after serve was stopped (its first run came too late?)")
         shutil.rmtree(tmp, ignore_errors=True)
         return {"engine": "mjsched", "backend": backend, "cap": cap, "supervisors": supervisors, **row,
-                "left": left, "loadavg_1m": os.getloadavg()[0]}
+                "left": len(left), "left_procs": left, "loadavg_1m": os.getloadavg()[0]}
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
         ns.drop()
+
+
+def _stop_after_first_run(url: str, procs: list[subprocess.Popen], sampler: Sampler, after_s: float) -> float | None:
+    """Sample while waiting for the first run row (one light query every ``SAMPLE_S``), then SIGTERM ``procs``
+    (a graceful stop, as ``--run-for`` does) ``after_s`` after its ``started_at``; returns when the signal was
+    sent (None if they exited first)."""
+    import sqlalchemy as sa
+
+    from mjsched_isolated.store.schema import connect, runs
+    engine, stop_at = connect(url), None
+    try:
+        while any(p.poll() is None for p in procs):
+            sampler.sample()
+            if stop_at is None:
+                with engine.connect() as conn:
+                    first = conn.execute(sa.select(sa.func.min(runs.c.started_at))).scalar()
+                if first is not None:
+                    stop_at = first.timestamp() + after_s
+                    engine.dispose()
+            elif time.time() >= stop_at:
+                for p in procs:
+                    p.send_signal(signal.SIGTERM)
+                return time.time()
+            time.sleep(SAMPLE_S)
+        return None
+    finally:
+        engine.dispose()
 
 
 def aps_child(w_path: str, cap: int, url: str, warmup_s: float, window_s: float, out: str) -> None:
@@ -342,8 +370,8 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
         if row["t1"] > data["stopped"]:
             raise RuntimeError("the window ends after APScheduler stopped")
         shutil.rmtree(tmp, ignore_errors=True)
-        return {"engine": "apscheduler", "backend": backend, "cap": cap, "supervisors": 1, **row, "left": left,
-                "loadavg_1m": os.getloadavg()[0]}
+        return {"engine": "apscheduler", "backend": backend, "cap": cap, "supervisors": 1, **row, "left": len(left),
+                "left_procs": left, "loadavg_1m": os.getloadavg()[0]}
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -352,14 +380,15 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
 
 # ---------------------------------------------------------------- fleet: the simulator calibrated on a real run
 
-def fleet_prediction(w: wl.Workload, one: dict, sizes: list[int], cap: int, horizon_s: float = 12.0) -> list[dict]:
-    """What ``sizes`` supervisors would reach on dedicated cores (simulator), calibrated on ``one`` (a saturated
-    1-supervisor row): its supervisor CPU per run split between claim and finish, and the rest of its time per
-    run (1 / runs_per_s) as database wait over the 5 statements of a run. The database's own contention is not
-    modelled: read it as the fleet's ceiling if the database keeps up."""
+def fleet_prediction(w: wl.Workload, one: dict, stmt_ms: float, sizes: list[int], cap: int,
+                     horizon_s: float = 12.0) -> list[dict]:
+    """What ``sizes`` supervisors would reach each on a core of its own (simulator), calibrated on ``one`` (a
+    saturated 1-supervisor row: its supervisor CPU per run, split between claim and finish) and ``stmt_ms``
+    (the database's time per statement, measured with the bare driver: ``rawdb.bare_limit``'s ms per run / 5
+    statements). The database's own contention is not modelled: read it as the fleet's ceiling if the database
+    server keeps up."""
     import simulator
     cpu_ms = one["sup_ms_per_run"] or 0.0
-    stmt_ms = max(0.0, (1000 / one["runs_per_s"] - cpu_ms) / 5) if one["runs_per_s"] else 0.4
     rows = []
     for n in sizes:
         cfg = simulator.SimConfig(supervisors=n, cap=cap, lease_timeout_s=60.0, horizon_s=horizon_s,
@@ -428,15 +457,18 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + table(rows))
         ones = [r for r in rows if r["supervisors"] == 1]
         if ones:
+            import rawdb
+            bare = rawdb.bare_limit(500, "postgresql")
             one = sorted(ones, key=lambda r: r["runs_per_s"])[len(ones) // 2]
-            pred = fleet_prediction(w, one, sorted({*sizes, 10}), caps[0])
-            print("\nsimulator, calibrated on the median 1-supervisor run "
-                  f"({pred[0]['claim_finish_cpu_ms']:.2f} ms CPU + 5 x {pred[0]['stmt_ms']:.2f} ms database per run), "
-                  "each supervisor on a core of its own, the database not contended:")
+            pred = fleet_prediction(w, one, bare["ms_per_run_p50"] / 5, sorted({*sizes, 10}), caps[0])
+            print("\nsimulator, calibrated with the median 1-supervisor run's supervisor CPU per run and the "
+                  "database time per statement measured with the bare driver "
+                  f"({pred[0]['claim_finish_cpu_ms']:.2f} ms CPU + 5 x {pred[0]['stmt_ms']:.2f} ms per run), "
+                  "each supervisor on a core of its own, the database server not contended:")
             print("\n| supervisors | simulated runs/s |\n|---|---|")
             for p in pred:
                 print(f"| {p['supervisors']} | {p['sim_runs_per_s']:.0f} |")
-            rows.append({"fleet_prediction": pred})
+            rows.append({"fleet_prediction": pred, "bare": bare})
     else:
         for rep in range(args.reps):
             order = engines if rep % 2 == 0 else engines[::-1]

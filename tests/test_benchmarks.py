@@ -171,3 +171,13 @@ def test_rawdb_bare_driver_replays_the_stores_sql_and_notices_when_it_does_not_d
     with pytest.raises(RuntimeError, match="replay differs"):  # the occurrences are claimed already
         rawdb.replay(conn, ops)
     conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_compare_fleet_prediction_scales_with_supervisors_until_the_demand():
+    w = wl.parse({"name": "f", "jobs": 120, "cron_mix": {"every_second": 1.0},
+                  "runtime": {"distribution": "fixed", "mean_ms": 1.0}})
+    one = {"sup_ms_per_run": 19.0, "runs_per_s": 40.0}  # 19 ms CPU + 5 x 0.2 ms database: 50 runs/s a supervisor
+    pred = {p["supervisors"]: p["sim_runs_per_s"] for p in compare.fleet_prediction(w, one, 0.2, [1, 2, 4], cap=4)}
+    assert 45 <= pred[1] <= 51 and 90 <= pred[2] <= 102
+    assert 110 <= pred[4] <= 121  # 120 jobs every second: the demand, not 200
