@@ -229,19 +229,21 @@ class Sampler:
 
 
 def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, window_s: float,
-               supervisors: int = 1) -> dict:
+               supervisors: int = 1, log_level: str = "INFO") -> dict:
     """One measurement of this engine: ``jobs sync`` then ``supervisors`` ``serve`` processes on a fresh
-    database; returns the row of :func:`measure` plus engine, backend, cap, supervisors, left, loadavg_1m."""
+    database; returns the row of :func:`measure` plus engine, backend, cap, supervisors, left, loadavg_1m.
+    ``log_level``: serve's (INFO, its default, logs a line per run started; to a file here)."""
     specs = wl.job_specs(w)
     tmp = Path(tempfile.mkdtemp(prefix="mjsched-compare-"))
     ns = runner.Namespace(backend, tmp)
     procs: list[subprocess.Popen] = []
     try:
         (tmp / "jobs.toml").write_text(wl.jobs_toml(w))
-        common = ["--db", ns.url, "--plugins", runner.PLUGINS_DIR, "--log-level", "WARNING"]
-        subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common],
-                       check=True, capture_output=True, timeout=600, cwd=tmp)
-        cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--max-concurrent-jobs", str(cap),
+        common = ["--db", ns.url, "--plugins", runner.PLUGINS_DIR]
+        subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common,
+                        "--log-level", "WARNING"], check=True, capture_output=True, timeout=600, cwd=tmp)
+        cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--log-level", log_level,
+               "--max-concurrent-jobs", str(cap),
                "--lease-timeout-s", "60", "--run-for", str(FIRST_RUN_WITHIN_S + warmup_s + window_s + TAIL_S),
                "--shutdown-timeout-s", "1"]
         with contextlib.ExitStack() as stack:
@@ -411,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default="mjsched,apscheduler")
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--window-s", type=float, default=10.0)
+    ap.add_argument("--serve-log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                    help="the engine's log level (default INFO, serve's own default)")
     ap.add_argument("--fleet", help="instead: comma-separated supervisor counts on PostgreSQL, engine only")
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--aps-child", help=argparse.SUPPRESS)
@@ -453,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for n in sizes:
                 note({**run_engine(w, cap=caps[0], backend="postgresql", warmup_s=args.warmup_s,
-                                   window_s=args.window_s, supervisors=n), "rep": rep})
+                                   window_s=args.window_s, supervisors=n, log_level=args.serve_log_level),
+                      "rep": rep})
         print("\n" + table(rows))
         ones = [r for r in rows if r["supervisors"] == 1]
         if ones:
@@ -477,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                     for engine in order:
                         if engine == "mjsched":
                             note({**run_engine(w, cap=cap, backend=backend, warmup_s=args.warmup_s,
-                                               window_s=args.window_s), "rep": rep})
+                                               window_s=args.window_s, log_level=args.serve_log_level), "rep": rep})
                         else:
                             note({**run_aps(w, args.workload, cap=cap, backend=backend, warmup_s=args.warmup_s,
                                             window_s=args.window_s), "rep": rep})
