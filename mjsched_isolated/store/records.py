@@ -56,6 +56,8 @@ class JobRow(TypedDict):
     notify_on_failure: bool
     notify_on_missed: bool
     notify_recipients: str | None
+    dst_gap_policy: str
+    dst_fold_policy: str
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -80,6 +82,8 @@ class _RunColumns(TypedDict):
     lock_token: str | None
     deadline_at: dt.datetime | None
     duration_ms: float | None
+    cancel_requested_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class RunRow(_RunColumns):

@@ -109,7 +109,7 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
         after = iso_arg("--after", args.after) or utcnow()
         if after.tzinfo is None:
             after = after.replace(tzinfo=zone)
-        rows = describe_next(args.expression, args.tz, after, args.count)
+        rows = describe_next(args.expression, args.tz, after, args.count, args.dst_gap, args.dst_fold)
     except InputError as exc:
         raise exc.renamed({"timezone": "--tz", "cron_expression": "expression"}.get(exc.field, exc.field)) from None
     if args.json:
