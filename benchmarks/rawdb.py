@@ -8,11 +8,12 @@ with no supervisor, pool, planner or cron around them, measured two ways and lab
   on a second one set up identically (each statement's row count is checked against the recording). What
   the database and driver cost; the store's overhead is the difference.
 
-    python benchmarks/rawdb.py [--runs 2000] [--backend sqlite|postgresql] [--jobs 50]
+    python benchmarks/rawdb.py [--runs 2000] [--backend sqlite|postgresql] [--jobs 50] [--batch 10]
 
 One run = claim (job UPDATE with the lease and occurrence compare-and-set + run INSERT, one transaction)
-then finish (run UPDATE + statistics UPDATE + lease release, one transaction). The due-jobs poll is not
-included. Prints runs/s and per-run latency in ms for both paths.
+then finish (run UPDATE + statistics UPDATE + lease release, one transaction); ``--batch K``: K runs claimed in
+one transaction (``Store.claim_many``) and finished in one (``Store.finish_runs``), as the supervisor batches
+them. The due-jobs poll is not included. Prints runs/s and per-run latency in ms for both paths.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import runner
 import sqlalchemy as sa
 
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.leases import ClaimRequest, Outcome
 
 UTC = dt.UTC
 INSTANCE = "rawdb-1"
@@ -49,25 +51,45 @@ def _setup(store: Store, jobs: int) -> tuple[list[int], dict, dt.datetime]:
     return ids, {i: store.get_job_by_id(i) for i in ids}, now
 
 
-def _store_runs(store: Store, runs: int, jobs: int, mark=None) -> list[float]:
-    """Claim + finish ``runs`` times through ``store``, cycling over ``jobs`` jobs; per-run ms.
-    ``mark(n)`` is called before run ``n`` (the recorder's run boundaries)."""
+def _store_runs(store: Store, runs: int, jobs: int, mark=None, batch: int = 1) -> list[float]:
+    """Claim + finish ``runs`` times through ``store``, cycling over ``jobs`` jobs; per-run ms. ``batch`` > 1:
+    that many runs (of different jobs) claimed in one transaction (``Store.claim_many``) and finished in one
+    (``Store.finish_runs``), as the supervisor batches them; each run gets its batch's time / ``batch``.
+    ``mark(n)`` is called before run (batch) ``n``: the recorder's boundaries."""
+    if not 1 <= batch <= jobs:
+        raise ValueError(f"batch: must be between 1 and the number of jobs ({jobs}), got {batch}")
     ids, rows, now = _setup(store, jobs)
-    lat_ms = []
-    for n in range(runs):
-        job = rows[ids[n % jobs]]
-        nxt = job["next_run_at"] + dt.timedelta(seconds=1)
+    deadline = now + dt.timedelta(seconds=600)
+    lat_ms: list[float] = []
+    for n in range(runs // batch):
+        group = [rows[ids[(n * batch + k) % jobs]] for k in range(batch)]
         if mark:
             mark(n)
         t = time.perf_counter()
-        claim = store.claim(job, now=now, next_run_at=nxt, instance=INSTANCE, lease_s=600.0,
-                            deadline_at=now + dt.timedelta(seconds=600), scheduled_at=job["next_run_at"])
-        if claim is None:
+        if batch == 1:
+            job = group[0]
+            claims = [store.claim(job, now=now, next_run_at=job["next_run_at"] + dt.timedelta(seconds=1),
+                                  instance=INSTANCE, lease_s=600.0, deadline_at=deadline,
+                                  scheduled_at=job["next_run_at"])]
+        else:
+            claims = store.claim_many([ClaimRequest(job=job, next_run_at=job["next_run_at"] + dt.timedelta(seconds=1),
+                                                    lease_s=600.0, deadline_at=deadline,
+                                                    scheduled_at=job["next_run_at"]) for job in group],
+                                      now=now, instance=INSTANCE)
+        if any(c is None for c in claims):
             raise RuntimeError(f"claim {n} refused")
-        store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Completed", success=True,
-                         error_message=None, details={"plugin_started_at": 0.0}, duration_ms=1.0)
-        lat_ms.append((time.perf_counter() - t) * 1000)
-        job["next_run_at"] = nxt
+        if batch == 1:
+            c = claims[0]
+            assert c is not None
+            store.finish_run(c.run_id, group[0]["id"], c.lock_token, status="Completed", success=True,
+                             error_message=None, details={"plugin_started_at": 0.0}, duration_ms=1.0)
+        else:
+            store.finish_runs([Outcome(run_id=c.run_id, job_id=job["id"], token=c.lock_token, status="Completed",
+                                       success=True, details={"plugin_started_at": 0.0}, duration_ms=1.0)
+                               for c, job in zip(claims, group) if c is not None])
+        lat_ms += [(time.perf_counter() - t) * 1000 / batch] * batch
+        for job in group:
+            job["next_run_at"] += dt.timedelta(seconds=1)
     return lat_ms
 
 
@@ -77,7 +99,7 @@ def _result(backend: str, path: str, lat_ms: list[float], elapsed_s: float) -> d
             "loadavg_1m": os.getloadavg()[0]}
 
 
-def raw_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dict:
+def raw_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50, batch: int = 1) -> dict:
     """Through our store: claim + finish ``runs`` times, cycling over ``jobs`` jobs. Returns backend, path
     ("store"), runs_per_s, ms_per_run_p50/p99, loadavg_1m."""
     tmp = Path(tempfile.mkdtemp(prefix="rawdb-"))
@@ -85,8 +107,8 @@ def raw_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dict
     store = Store.open(ns.url)
     try:
         begin = time.perf_counter()
-        lat_ms = _store_runs(store, runs, jobs)
-        return _result(backend, "store", lat_ms, time.perf_counter() - begin)
+        lat_ms = _store_runs(store, runs, jobs, batch=batch)
+        return {**_result(backend, "store", lat_ms, time.perf_counter() - begin), "batch": batch}
     finally:
         store.close()
         ns.drop()
@@ -164,7 +186,7 @@ def replay(conn, ops: list[tuple]) -> list[float]:
     return lat_ms
 
 
-def bare_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dict:
+def bare_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50, batch: int = 1) -> dict:
     """The same SQL as :func:`raw_limit` through the bare driver: recorded from the store on one fresh
     database, replayed on another set up identically. Returns backend, path ("bare sqlite3" / "bare
     psycopg"), runs_per_s, ms_per_run_p50/p99 (the replay's), loadavg_1m."""
@@ -174,7 +196,7 @@ def bare_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dic
         store = Store.open(spaces[0].url)
         try:
             recorder = Recorder(store.engine)
-            _store_runs(store, runs, jobs, mark=recorder.mark)
+            _store_runs(store, runs, jobs, mark=recorder.mark, batch=batch)
             recorder.close()
         finally:
             store.close()
@@ -188,15 +210,16 @@ def bare_limit(runs: int = 2000, backend: str = "sqlite", jobs: int = 50) -> dic
         conn = bare_connect(spaces[1].url)
         try:
             begin = time.perf_counter()
-            lat_ms = replay(conn, ops)
+            lat_ms = [ms / batch for ms in replay(conn, ops) for _ in range(batch)]
             elapsed = time.perf_counter() - begin
             cur = conn.cursor()
             cur.execute("SELECT count(*) FROM runs WHERE status = 'Completed'")
-            if (done := cur.fetchone()[0]) != runs:
-                raise RuntimeError(f"replay recorded {done} completed runs instead of {runs}")
+            if (done := cur.fetchone()[0]) != len(lat_ms):
+                raise RuntimeError(f"replay recorded {done} completed runs instead of {len(lat_ms)}")
         finally:
             conn.close()
-        return _result(backend, "bare sqlite3" if backend == "sqlite" else "bare psycopg", lat_ms, elapsed)
+        return {**_result(backend, "bare sqlite3" if backend == "sqlite" else "bare psycopg", lat_ms, elapsed),
+                "batch": batch}
     finally:
         for ns, tmp in zip(spaces, tmps):
             ns.drop()
@@ -208,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
+    ap.add_argument("--batch", type=int, default=1, help="runs claimed (and finished) per transaction (default 1)")
     args = ap.parse_args(argv)
-    print(json.dumps([raw_limit(args.runs, args.backend, args.jobs), bare_limit(args.runs, args.backend, args.jobs)],
-                     indent=1))
+    if not 1 <= args.batch <= args.jobs:
+        ap.error(f"--batch: must be between 1 and --jobs ({args.jobs}), got {args.batch}")
+    print(json.dumps([raw_limit(args.runs, args.backend, args.jobs, args.batch),
+                      bare_limit(args.runs, args.backend, args.jobs, args.batch)], indent=1))
     return 0
 
 

@@ -153,6 +153,8 @@ def test_rawdb_bare_driver_replays_the_stores_sql_and_notices_when_it_does_not_d
     row = rawdb.bare_limit(runs=12, backend="sqlite", jobs=3)
     assert row["path"] == "bare sqlite3" and row["runs"] == 12 and row["runs_per_s"] > 0
     assert rawdb.raw_limit(runs=5, backend="sqlite", jobs=2)["path"] == "store"
+    batched = rawdb.bare_limit(runs=12, backend="sqlite", jobs=4, batch=4)  # claim_many / finish_runs, replayed
+    assert batched["runs"] == 12 and batched["batch"] == 4
     ns = runner.Namespace("sqlite", tmp_path)  # record 4 runs, replay them twice on one database
     store = rawdb.Store.open(ns.url)
     recorder = rawdb.Recorder(store.engine)
