@@ -30,9 +30,9 @@ How each measurement is made, the same for both engines:
   first in even repetitions and APScheduler first in odd ones. The table gives min / median / max over the
   repetitions and each repetition's 1-minute load average.
 * **Nothing left behind.** Each scheduler runs in its own session; when it has exited, every process the
-  sampler ever saw under it that is still alive is counted (``left``) and SIGKILLed, and so is its process
-  group. APScheduler's child leaves with ``os._exit`` (a hung pool process would block a graceful shutdown),
-  so its pool processes are always among them; the engine's should never be.
+  sampler ever saw under it that is still alive ``EXIT_GRACE_S`` later is counted (``left``) and SIGKILLed,
+  and so is its process group. APScheduler's child leaves with ``os._exit`` (a hung pool process would block
+  a graceful shutdown), so its pool processes are always among them; the engine's should never be.
 * **Duplicates.** ``dup``: (job, scheduled instant) pairs with more than one run row (must be 0).
 
 ``--fleet 1,2,3``: the engine alone on PostgreSQL with 1, 2, 3 supervisors on one database (same workload,
@@ -67,6 +67,7 @@ import runner
 import workload as wl
 
 SAMPLE_S = 0.2
+EXIT_GRACE_S = 1.0  # a descendant still alive this long after its scheduler exited is "left behind"
 TAIL_S = 1.0  # the scheduler runs at least this long after the window's end
 FIRST_RUN_WITHIN_S = 60.0  # serve's --run-for, a bound only: the parent stops it after the first run's window
 
@@ -213,13 +214,21 @@ class Sampler:
 
     def kill_leftovers(self, procs: list[subprocess.Popen]) -> list[str]:
         """SIGKILL every sampled descendant still alive (same process, by its start time) and each root's process
-        group; return those descendants ("pid name: command line", shortened)."""
-        left = []
+        group; return those descendants ("pid name: command line", shortened). A descendant gets
+        ``EXIT_GRACE_S`` to finish exiting on its own first (one already on its way out is not left behind)."""
+        alive = []
         for kid in self.seen.values():
             try:
                 if kid.is_running() and kid.status() != psutil.STATUS_ZOMBIE:
-                    left.append(f"{kid.pid} {kid.name()}: {' '.join(kid.cmdline())[:160]}")
-                    kid.kill()
+                    alive.append(kid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        _gone, alive = psutil.wait_procs(alive, timeout=EXIT_GRACE_S)
+        left = []
+        for kid in alive:
+            try:
+                left.append(f"{kid.pid} {kid.name()}: {' '.join(kid.cmdline())[:160]}")
+                kid.kill()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
         for p in procs:
