@@ -183,3 +183,14 @@ def test_compare_fleet_prediction_scales_with_supervisors_until_the_demand():
     pred = {p["supervisors"]: p["sim_runs_per_s"] for p in compare.fleet_prediction(w, one, 0.2, [1, 2, 4], cap=4)}
     assert 45 <= pred[1] <= 51 and 90 <= pred[2] <= 102
     assert 110 <= pred[4] <= 121  # 120 jobs every second: the demand, not 200
+
+
+@pytest.mark.timeout(10)
+def test_idle_burst_lateness_is_that_of_the_last_run_of_each_instant():
+    import idle
+    t = 1_800_000_000.0
+    runs = [{"scheduled_at": t + s, "exec_at": t + s + d, "started_at": t + s + d / 2}
+            for s, d in ((0, 0.010), (0, 0.030), (1, 0.005), (1, 0.020), (2, 0.5))]
+    runs.append({"scheduled_at": t + 1, "exec_at": None, "started_at": None})  # never began: ignored
+    assert idle.last_of_instant_ms(runs, "exec_at", t, t + 2) == pytest.approx([30.0, 20.0])  # instant 2 is out
+    assert idle.last_of_instant_ms(runs, "started_at", t + 1, t + 3) == pytest.approx([10.0, 250.0])
