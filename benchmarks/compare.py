@@ -450,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad := set(engines) - {"mjsched", "apscheduler"}:
         ap.error(f"--engines: mjsched or apscheduler, got {sorted(bad)}")
     w = wl.load_or_exit(args.workload)
+    if "postgresql" in backends or args.fleet:
+        try:
+            runner.Namespace("postgresql", Path(tempfile.gettempdir())).drop()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the server is the same answer
+            ap.error(f"--backends: PostgreSQL at $MJSCHED_BENCH_POSTGRES_URL ({runner.POSTGRES_URL}) does not answer: "
+                     f"{str(exc).splitlines()[0]}")
     began, rows = time.time(), []
     print(f"# {w.name}: {w.jobs} jobs; window {args.window_s:g} s after a {args.warmup_s:g} s warm-up; "
           f"load at start {os.getloadavg()[0]:.1f}", flush=True)
