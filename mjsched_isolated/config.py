@@ -242,6 +242,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                         cli="common")] = "text"
     auto_upgrade: Annotated[bool, _doc("apply pending schema migrations at start instead of refusing to start")
                             ] = False
+    wait_for_db_s: Annotated[float | None, _doc(
+        "serve started while the database server is unreachable retries (backoff up to 1 s, each try logged, "
+        "/healthz unhealthy) for at most this many seconds, then exits 1; unset: waits as long as it takes; "
+        "0: exits at once")] = None
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
@@ -256,6 +260,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             value = getattr(self, name)
             if not math.isfinite(value) or abs(value) > MAX_SECONDS:
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
+        if self.wait_for_db_s is not None and not 0 <= self.wait_for_db_s <= MAX_SECONDS:
+            raise InputError("wait_for_db_s", f"must be from 0 to {MAX_SECONDS:.0f} seconds, got {self.wait_for_db_s}")
         if not 1 <= self.max_catchup_runs <= MAX_CATCHUP_RUNS:
             raise InputError("max_catchup_runs",
                              f"must be between 1 and {MAX_CATCHUP_RUNS}, got {self.max_catchup_runs}")

@@ -168,9 +168,10 @@ class Store:
                                  deadline_at=deadline_at, take_lease=take_lease, scheduled_at=scheduled_at,
                                  queued_at=queued_at, status=status, only_free_lease=only_free_lease)
 
-    def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str) -> list[Claim | None]:
+    def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
+                   not_before: dt.datetime | None = None) -> list[Claim | None]:
         """Claim several occurrences in one transaction, each judged alone (:meth:`Leases.claim_many`)."""
-        return self.leases.claim_many(requests, now=now, instance=instance)
+        return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat a run and its lease (:meth:`Leases.extend`)."""
@@ -221,6 +222,10 @@ class Store:
     def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""
         return self.supervisors.renew_supervisor(instance, ttl_s)
+
+    def read_only_reason(self) -> str | None:
+        """Why the database refuses writes, or None (:meth:`Supervisors.read_only_reason`)."""
+        return self.supervisors.read_only_reason()
 
     def stop_supervisor(self, instance: str) -> None:
         """End ``instance``'s liveness lease now (:meth:`Supervisors.stop_supervisor`)."""

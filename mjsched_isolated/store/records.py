@@ -20,10 +20,12 @@ Values = dict[str, Any]
 
 
 class Claim(msgspec.Struct, frozen=True):
-    """A won occurrence: the run row's id and the lease token it runs under (None without a lease)."""
+    """A won occurrence: the run row's id, the lease token it runs under (None without a lease) and its
+    ``started_at`` (database time, read in the claiming transaction after its lease was judged)."""
 
     run_id: int
     lock_token: str | None
+    started_at: dt.datetime | None = None
 
 
 class JobRow(TypedDict):

@@ -48,6 +48,8 @@ class Dispatcher:
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
+        # how many results wait to be recorded (database unreachable): their slots still count as taken
+        self.unrecorded: Callable[[], int] = lambda: 0
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -56,14 +58,7 @@ class Dispatcher:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         self.advice.warn_high_frequency(now)
-        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
-            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
-                notices.for_abandoned(run), self.settings.notifications.channels()))
-        if abandoned:
-            self.wake_sender()
-        for run in abandoned:
-            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
-                      extra={"job": run["job_name"], "run_id": run["id"]})
+        self.abandon_orphans(now)
         for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
             if job["id"] not in self.bad_jobs:
                 self._repair_unreadable(job, now)
@@ -81,11 +76,26 @@ class Dispatcher:
                          "none (end_at passed; status Expired)")
 
     # -- due jobs -------------------------------------------------------------------------------------
+    def abandon_orphans(self, now: dt.datetime) -> None:
+        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices."""
+        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
+        if abandoned:
+            self.wake_sender()
+        for run in abandoned:
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
+
     def dispatch_due(self, now: dt.datetime) -> None:
         """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
         *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
         alone), then handed to its worker. Does not wait for runs."""
         idle = self.pool.idle_workers()
+        # a result not yet recorded still holds its job's lease and its place under the cap: a worker
+        # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
+        free = self.pool.size - len(self.inflight) - self.unrecorded()
+        del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
         known = {p.job_type for p in self.pool.last_ready.plugins}
@@ -189,7 +199,7 @@ class Dispatcher:
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
                 queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
                 status="Expired" if next_run_at is None and scheduled_at is not None else None))
-        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance)
+        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
                                                                              strict=True):
@@ -201,6 +211,7 @@ class Dispatcher:
                    timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
+        flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
@@ -211,7 +222,7 @@ class Dispatcher:
         except OSError:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
-        self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
+        self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
         if log.isEnabledFor(logging.INFO):
             log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
