@@ -31,6 +31,9 @@ from mjsched_isolated.supervisor.metrics import Metrics
 
 log = logging.getLogger("mjsched.supervisor")
 SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
+UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per rescan (SQLite only)
+MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
+ADVICE_INTERVAL_S = 60.0
 
 
 def job_types(worker: Any) -> set[str]:
@@ -56,6 +59,8 @@ class Dispatcher:
         # how many results wait to be recorded (database unreachable): their slots still count as taken
         self.unrecorded: Callable[[], int] = lambda: 0
         self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
+        self._next_advice_at: dt.datetime | None = None
+        self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -63,9 +68,15 @@ class Dispatcher:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
-        self.advice.warn_high_frequency(now)
+        if self._next_advice_at is None or now >= self._next_advice_at:
+            active = self.advice.warn_high_frequency(now)
+            # its signature reads every Active job: with many, once a minute, not at every rescan
+            self._next_advice_at = now + dt.timedelta(seconds=ADVICE_INTERVAL_S) if active > MANY_JOBS else None
         self.abandon_orphans(now)
-        for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
+        # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
+        found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
+                                                                               UNREADABLE_SWEEP_ROWS)
+        for job in found:
             if job["id"] not in self.bad_jobs:
                 self._repair_unreadable(job, now)
         for job in self.store.unscheduled_active_jobs():
