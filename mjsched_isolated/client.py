@@ -64,6 +64,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
     max_runtime_minutes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
     notify_on_success: bool = False
     notify_on_failure: bool = True
     notify_on_missed: bool = False
@@ -143,7 +148,8 @@ class Client:
                 configuration: dict[str, Any] | None = None, **fields: Any) -> Job:
         """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
         fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
-        ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
+        ``max_runtime_minutes``, the resource limits ``max_memory_mb``, ``max_cpu_s``, ``max_open_files``,
+        ``max_processes``, ``nice``, ``start_at``/``end_at`` (datetimes; naive ones are read in
         ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
         the field (``name`` if taken); nothing is written then."""

@@ -28,9 +28,10 @@ from mjsched_isolated.store.schema import jobs, runs, supervisors
 UTC = dt.UTC
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 HEAD = migrate.head_revision()
-OUTDATED = ("database schema is at revision 0001, this version needs 0002: run `python -m mjsched_isolated db "
+OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: run `python -m mjsched_isolated db "
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
+LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -124,10 +125,10 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 adds."""
+    """What 0001 should be: the current schema minus what 0002 (and 0004) add."""
     out = {k: v for k, v in reflected.items() if k != "notifications"}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | LIMIT_COLUMNS}}
     return out
 
 
@@ -198,7 +199,8 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
     try:
         fill(engine)
         assert migrate.check(engine) == migrate.SchemaStatus("0002", HEAD, "legacy")
-        assert "no version stamp" in migrate.check(engine).message() and "db upgrade" in migrate.check(engine).message()
+        message = migrate.check(engine).message()
+        assert ("no version stamp" in message or HEAD != "0002") and "db upgrade" in message
         was, now = migrate.upgrade(engine)
         assert (was.current, now.current, now.state) == ("0002", HEAD, "current")
         store = Store.open(backend_url)
@@ -287,7 +289,7 @@ def test_serve_auto_upgrade_upgrades_then_runs_a_job(db_url):
                                           next_run_at=now, created_at=now, updated_at=now))
     serve = Serve(db_url, "--auto-upgrade")
     try:
-        serve.wait_for(r"database schema upgraded from 0001 to 0002")
+        serve.wait_for(rf"database schema upgraded from 0001 to {HEAD}")
         serve.wait_for(r"run \d+ finished: job due Completed")
     finally:
         serve.stop()
@@ -301,11 +303,11 @@ def test_db_current_and_upgrade(cli, db_url):
     proc = cli("db", "current", "--db", db_url)
     assert (proc.returncode, proc.stdout) == (1, OUTDATED + "\n")
     proc = cli("db", "upgrade", "--db", db_url, "--log-level", "WARNING")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "database schema upgraded: 0001 -> 0002\n", "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"database schema upgraded: 0001 -> {HEAD}\n", "")
     proc = cli("db", "current", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema is at revision 0002 (head): up to date\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema is at revision {HEAD} (head): up to date\n")
     proc = cli("db", "upgrade", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema already at 0002 (head): nothing to do\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema already at {HEAD} (head): nothing to do\n")
     engine = schema.connect(db_url)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))
