@@ -29,7 +29,7 @@ class InFlight:
         self.kill_at: dt.datetime | None = None  # past its deadline, sent SIGTERM: SIGKILL at this time
         self.scheduled_at: dt.datetime | None = None
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
-                                            "notify_recipients")}
+                                            "notify_recipients", "max_memory_mb")}
 
     @property
     def wake_at(self) -> dt.datetime:
