@@ -77,17 +77,29 @@ class RunGuard:
 
     @staticmethod
     def _exceeded(flight: InFlight) -> str:
-        return f"run exceeded its deadline of {flight.timeout_s:g} s (started {iso(flight.started_at)})"
+        """Which limit the run broke: its (heartbeat-extended) deadline, or the hard ``max_total_runtime_s``."""
+        hard = flight.hard_deadline
+        if hard is not None and flight.deadline >= hard:
+            limit = (f"max_total_runtime_s of {(hard - flight.started_at).total_seconds():g} s "
+                     "(a hard cap no heartbeat extends)")
+        else:
+            limit = f"deadline of {flight.timeout_s:g} s"
+        return f"run exceeded its {limit} (started {iso(flight.started_at)})"
 
     def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
         """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
         at once, unlike the reference, whose first beat can only count after 5 min), to
-        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
+        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1), never past the
+        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``)."""
         if flight.kill_at is not None:  # past its deadline, being terminated: too late to extend
             return
         if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
             return
         deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
+        if flight.hard_deadline is not None and deadline > flight.hard_deadline:
+            if flight.deadline >= flight.hard_deadline:
+                return  # already at the cap: nothing to extend
+            deadline = flight.hard_deadline
         lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
         try:
             extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
@@ -114,16 +126,32 @@ class RunGuard:
                              error_message=f"fenced: run killed because {why}")
 
     def fence_unheld(self, now: dt.datetime) -> None:
-        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds."""
+        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds (matched by
+        run id, lease token and instance), and cancel the held runs someone asked to cancel (`runs cancel`):
+        one query per renewal serves both."""
         if not self.inflight:
             return
         try:
-            held = self.store.held_runs(set(self.inflight))
+            held = self.store.held_runs({run_id: f.token for run_id, f in self.inflight.items()},
+                                        self.settings.instance)
         except Exception:  # noqa: BLE001 - checked again at the next renewal
-            held = set(self.inflight)
-        for run_id in set(self.inflight) - held:
+            return
+        for run_id in set(self.inflight) - set(held):
             self.fence(self.inflight[run_id], now,
                        "its lease was taken over, the run was abandoned, or its job was removed")
+        for run_id, requested_by in held.items():
+            if requested_by is not None and run_id in self.inflight:
+                self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def cancel(self, flight: InFlight, now: dt.datetime, reason: str) -> None:
+        """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
+        counted as a run or a failure)."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("cancel")
+        log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
+                    extra=log_ctx(flight))
+        self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""
