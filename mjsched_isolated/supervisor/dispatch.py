@@ -27,6 +27,7 @@ from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.limits import run_limits
 from mjsched_isolated.supervisor.metrics import Metrics
 
 log = logging.getLogger("mjsched.supervisor")
@@ -261,7 +262,7 @@ class Dispatcher:
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
             configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
-            deadline_at=deadline.timestamp())
+            deadline_at=deadline.timestamp(), limits=run_limits(job, self.settings.limits))
         try:
             self.pool.submit(worker, request)
         except OSError:
