@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import socket
 import tomllib
 import typing
@@ -32,8 +33,12 @@ ENV_PREFIX = "MJSCHED_"
 
 
 def default_instance() -> str:
-    """``<hostname>-<pid>``, the reference's ``LockedByInstance`` format (§2.5)."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``<hostname>-<pid>-<6 random hex digits>``: the reference's ``LockedByInstance`` format (§2.5) made
+    unique per start. Hostname and pid repeat in containers (the entrypoint is PID 1 at every start and
+    the hostname survives a restart): a restarted supervisor that took its crashed predecessor's name
+    would renew that predecessor's lease and keep its dead runs "live" (issue 12). Hostname and pid are
+    also kept as columns of the ``supervisors`` row."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _doc(text: str, *, cli: str | None = None) -> msgspec.Meta:
@@ -234,13 +239,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                         cli="hidden")] = 0.0
     max_catchup_runs: Annotated[int, _doc(
         f"RunAll jobs catch up at most this many missed occurrences (at most {MAX_CATCHUP_RUNS})")] = 100
-    instance: Annotated[str, _doc("this supervisor's name in leases and logs (default <hostname>-<pid>)")] = \
+    instance: Annotated[str, _doc(
+        "this supervisor's name in leases and logs (default <hostname>-<pid>-<random 6 hex>); a name given "
+        "here must be unique among live supervisors and should change at each start")] = \
         msgspec.field(default_factory=default_instance)
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], _doc("log level", cli="common")] = "INFO"
     log_format: Annotated[Literal["text", "json"], _doc("text, or json: one JSON object per line on stderr",
                                                         cli="common")] = "text"
     auto_upgrade: Annotated[bool, _doc("apply pending schema migrations at start instead of refusing to start")
                             ] = False
+    wait_for_db_s: Annotated[float | None, _doc(
+        "serve started while the database server is unreachable retries (backoff up to 1 s, each try logged, "
+        "/healthz unhealthy) for at most this many seconds, then exits 1; unset: waits as long as it takes; "
+        "0: exits at once")] = None
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
@@ -255,6 +266,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             value = getattr(self, name)
             if not math.isfinite(value) or abs(value) > MAX_SECONDS:
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
+        if self.wait_for_db_s is not None and not 0 <= self.wait_for_db_s <= MAX_SECONDS:
+            raise InputError("wait_for_db_s", f"must be from 0 to {MAX_SECONDS:.0f} seconds, got {self.wait_for_db_s}")
         if not 1 <= self.max_catchup_runs <= MAX_CATCHUP_RUNS:
             raise InputError("max_catchup_runs",
                              f"must be between 1 and {MAX_CATCHUP_RUNS}, got {self.max_catchup_runs}")

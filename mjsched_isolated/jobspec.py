@@ -59,6 +59,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     notify_on_failure: bool = True
     notify_on_missed: bool = False
     notify_recipients: list[str] | None = None
+    # -- time knobs (issue 12 point 10) --
+    dst_gap_policy: str = cron.DEFAULT_DST_GAP
+    dst_fold_policy: str = cron.DEFAULT_DST_FOLD
 
 
 class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -94,6 +97,10 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
             fail(field, f"must be at most {MAX_TEXT_BYTES} bytes (as stored), got {len(value.encode('utf-8'))}")
     try:
         cron.validate(spec.cron_expression, spec.timezone)
+    except InputError as exc:
+        fail(exc.field, exc.message)
+    try:
+        cron.check_dst_policies(spec.dst_gap_policy, spec.dst_fold_policy)
     except InputError as exc:
         fail(exc.field, exc.message)
     if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
@@ -137,7 +144,7 @@ def row_values(spec: JobSpec) -> dict[str, Any]:
 
 def schedule_fields_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """True when a change of these columns must recompute ``next_run_at``."""
-    keys = ("cron_expression", "timezone", "start_at", "end_at", "status")
+    keys = ("cron_expression", "timezone", "start_at", "end_at", "status", "dst_gap_policy", "dst_fold_policy")
     return any(k in new and old.get(k) != new[k] for k in keys)
 
 

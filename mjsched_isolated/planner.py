@@ -9,11 +9,21 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated.cron import min_interval_s, next_run_time
+from mjsched_isolated.cron import DEFAULT_DST_FOLD, DEFAULT_DST_GAP, min_interval_s, next_run_time
 
 Row = Mapping[str, Any]
 """A job's columns by name, read only: a :class:`~mjsched_isolated.store.records.JobRow` or plain values."""
 _TICK = dt.timedelta(microseconds=1)
+
+
+def dst_policies(job: Row) -> tuple[str, str]:
+    """The job's ``(dst_gap_policy, dst_fold_policy)``, the defaults where unset (a row from before 0007)."""
+    return job.get("dst_gap_policy") or DEFAULT_DST_GAP, job.get("dst_fold_policy") or DEFAULT_DST_FOLD
+
+
+def occurrence_after(job: Row, after: dt.datetime) -> dt.datetime:
+    """The job's first occurrence strictly after ``after``, under its DST policies (``cron.next_run_time``)."""
+    return next_run_time(job["cron_expression"], job["timezone"], after, *dst_policies(job))
 
 
 def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
@@ -28,7 +38,7 @@ def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
         first = max(now, start_at) if start_at else now
     else:
         after = start_at - _TICK if start_at and start_at > now else now
-        first = next_run_time(job["cron_expression"], job["timezone"], after)
+        first = occurrence_after(job, after)
     return _within_end(job, first)
 
 
@@ -73,45 +83,48 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
-    following = next_run_time(cron, zone, scheduled)
+    following = occurrence_after(job, scheduled)
     action, advance = decide_missed_run(job.get("missed_run_policy") or "RunOnce", scheduled, following, now)
     missed = following <= now
     if action == "SkipAndAdvance":
-        return Decision(run=False, next_run_at=_within_end(job, next_run_time(cron, zone, now)), missed=True)
+        return Decision(run=False, next_run_at=_within_end(job, occurrence_after(job, now)), missed=True)
     if advance == "Now":
         return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
     horizon = now - RUNALL_LOOKBACK
     if scheduled < horizon:  # older than any catch-up: start from the first occurrence within the horizon
-        first = next_run_time(cron, zone, horizon - _TICK)
+        first = occurrence_after(job, horizon - _TICK)
         return Decision(run=False, next_run_at=_within_end(job, first), missed=True, skipped_older=True)
-    oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following)
+    oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following,
+                                        dst=dst_policies(job))
     if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
         return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)
     return Decision(run=True, next_run_at=_within_end(job, following), missed=True)
 
 
 def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime, n: int,
-                          not_before: dt.datetime) -> dt.datetime | None:
+                          not_before: dt.datetime,
+                          dst: tuple[str, str] = (DEFAULT_DST_GAP, DEFAULT_DST_FOLD)) -> dt.datetime | None:
     """The n-th most recent occurrence at or before ``now`` (n = 1: the latest), or None when fewer than n
     occurrences lie in ``[not_before, now]``. Never enumerates the backlog: it reads at most 2n occurrences
     per look, first over a window behind ``now`` that starts at n times the expression's shortest interval
     and doubles, and, when a window holds more than 2n (an uneven schedule such as ``* * 1 * *``), by
     halving the window between a start with too many and one with too few (about log2(window / 1 s) looks).
+    ``dst``: the job's ``(dst_gap_policy, dst_fold_policy)``.
     """
     limit = 2 * n
 
     def occurrences_since(start: dt.datetime) -> tuple[list[dt.datetime], bool]:
         """Occurrences in ``[start, now]``, at most ``limit``, and whether that is all of them."""
         found: list[dt.datetime] = []
-        when = next_run_time(cron_expression, timezone, start - _TICK)
+        when = next_run_time(cron_expression, timezone, start - _TICK, *dst)
         while when <= now:
             if len(found) == limit:
                 return found, False
             found.append(when)
-            when = next_run_time(cron_expression, timezone, when)
+            when = next_run_time(cron_expression, timezone, when, *dst)
         return found, True
 
-    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
+    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before, 6, *dst)) * n
     backlog_s = (now - not_before).total_seconds()
     while True:  # widen until the window holds n occurrences (or reaches not_before)
         start = not_before if window_s >= backlog_s else now - dt.timedelta(seconds=window_s)
@@ -141,7 +154,7 @@ def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:
     """``next_run_at`` once the occurrence ``job["next_run_at"]`` is claimed at ``now``, under RunOnce:
     the first occurrence strictly after ``now``. None when past ``end_at``."""
     after = max(now, job["next_run_at"]) if job.get("next_run_at") else now
-    return _within_end(job, next_run_time(job["cron_expression"], job["timezone"], after))
+    return _within_end(job, occurrence_after(job, after))
 
 
 def expired(job: Row, now: dt.datetime) -> bool:

@@ -68,7 +68,8 @@ def _no_duplicate_occurrences(store: Store) -> None:
 
 
 def _instance(serve: Serve) -> str:
-    return f"{socket.gethostname()}-{serve.proc.pid}"
+    """The serve's instance id (``<hostname>-<pid>-<random>``: unique per start), from its start line."""
+    return serve.wait_for(r"supervisor (\S+) started:", seen=True).group(1)
 
 
 def _stop_gracefully(sups: list[Serve], timeout_s: float = 25.0) -> list[int]:

@@ -18,7 +18,13 @@ from typing import Any, Literal
 from mjsched_isolated import config
 from mjsched_isolated.cli.commands import JOB, SETTING, jobs, runs, system
 from mjsched_isolated.cli.exits import Exit
-from mjsched_isolated.cron import SUPPORTED_FORMS
+from mjsched_isolated.cron import (
+    DEFAULT_DST_FOLD,
+    DEFAULT_DST_GAP,
+    DST_FOLD_POLICIES,
+    DST_GAP_POLICIES,
+    SUPPORTED_FORMS,
+)
 from mjsched_isolated.enums import (
     ConcurrencyMode,
     JobStatus,
@@ -109,6 +115,14 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
         help="when a run is still live at the next occurrence: Skip it (default), Queue one, or run Concurrent")
     add("--missed-run-policy", field="missed_run_policy", choices=values(MissedRunPolicy),
         help="occurrences missed while no supervisor ran: Skip them, RunOnce (default) or RunAll")
+    # -- time knobs (issue 12 point 10) --
+    add("--dst-gap-policy", field="dst_gap_policy", choices=DST_GAP_POLICIES,
+        help="an occurrence whose local time does not exist (DST spring forward): Shift to the first valid "
+             "instant after the gap (default) or Skip it")
+    add("--dst-fold-policy", field="dst_fold_policy", choices=DST_FOLD_POLICIES,
+        help="occurrences in a repeated local hour (DST fall back): OnceIfFixedHour (default: a fixed hour "
+             "runs in the first copy only, a wildcard or step hour in both), Once, or Both copies")
+    # -- end of time knobs --
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")
     add("--max-runtime-minutes", field="max_runtime_minutes", type=int, metavar="N",
@@ -198,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     rlogs.add_argument("id", type=int, help="the run's id")
     rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
     _reads(rlogs, runs.cmd_logs, read_only=True)
+    rc = runs_p.add_parser("cancel", parents=[common, as_json],
+                           help="cancel a live run: the supervisor holding it kills its process tree at its next "
+                                "lease renewal and records it Cancelled")
+    rc.add_argument("id", type=int, help="the run's id")
+    rc.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
+    rc.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="S",
+                    help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
+                         "it finished before the cancel took effect or is still running")
+    _reads(rc, runs.cmd_cancel)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "
@@ -218,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
     nxt.add_argument("--after", metavar="ISO", help="start (default now); without an offset it is read in --tz")
     nxt.add_argument("--count", type=int, default=10, metavar="N", help="how many occurrences (default 10)")
+    nxt.add_argument("--dst-gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
+                     help=f"the job's dst_gap_policy (default {DEFAULT_DST_GAP})")
+    nxt.add_argument("--dst-fold", default=DEFAULT_DST_FOLD, choices=DST_FOLD_POLICIES,
+                     help=f"the job's dst_fold_policy (default {DEFAULT_DST_FOLD})")
     nxt.set_defaults(func=system.cmd_cron_next, uses_settings=False, read_only=True)
 
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(

@@ -135,11 +135,15 @@ class Jobs:
         return conds
 
     def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()) -> list[JobRow]:
-        """Jobs with ``next_run_at <= now``, earliest first (an index range on ``(status, next_run_at)``).
+        """Jobs with ``next_run_at <= now`` (an index range on ``(status, next_run_at)``: the cost follows
+        the due jobs, not all jobs), fairest first: the oldest due occurrence first; among occurrences due at
+        the same instant, the job least recently run (never run first: ``last_run_at`` NULLS FIRST), then
+        by id. So when more jobs are due than there are slots, no job waits behind lower ids every time.
         A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
         ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
         query = (sa.select(jobs).where(*self._dispatchable(exclude), jobs.c.next_run_at <= now)
-                 .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
+                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+                 .limit(limit))
         with self.engine.connect() as conn:
             return _job_rows(conn.execute(query))
 

@@ -21,10 +21,12 @@ Values = dict[str, Any]
 
 
 class Claim(msgspec.Struct, frozen=True):
-    """A won occurrence: the run row's id and the lease token it runs under (None without a lease)."""
+    """A won occurrence: the run row's id, the lease token it runs under (None without a lease) and its
+    ``started_at`` (database time, read in the claiming transaction after its lease was judged)."""
 
     run_id: int
     lock_token: str | None
+    started_at: dt.datetime | None = None
 
 
 class JobRow(TypedDict):
@@ -57,6 +59,8 @@ class JobRow(TypedDict):
     notify_on_failure: bool
     notify_on_missed: bool
     notify_recipients: str | None
+    dst_gap_policy: str
+    dst_fold_policy: str
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -81,6 +85,8 @@ class _RunColumns(TypedDict):
     lock_token: str | None
     deadline_at: dt.datetime | None
     duration_ms: float | None
+    cancel_requested_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class RunRow(_RunColumns):

@@ -28,6 +28,7 @@ class InFlight:
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
         self.scheduled_at: dt.datetime | None = None
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
+        self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients")}
 

@@ -138,8 +138,11 @@ class Pool:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        for slot in self.workers:
-            self._spawn(slot)
+        """Spawn a child in every empty slot (a second call spawns none: ``serve`` may start the pool early,
+        while it waits for the database)."""
+        for slot, worker in self.workers.items():
+            if worker is None:
+                self._spawn(slot)
 
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
