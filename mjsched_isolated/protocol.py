@@ -63,8 +63,20 @@ class Ready(msgspec.Struct, tag=True, frozen=True):
     warnings: list[str] = []
 
 
+class RunLimits(msgspec.Struct, frozen=True):
+    """Resource limits for one run (None: no limit), applied by the worker (see
+    :mod:`mjsched_isolated.worker.limits`): memory in MB, CPU seconds, open files, processes, nice."""
+
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
+
+
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
-    """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC)."""
+    """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC); ``limits``
+    the run's resource limits (None: none)."""
 
     run_id: int
     job_id: int
@@ -73,6 +85,7 @@ class RunRequest(msgspec.Struct, tag=True, frozen=True):
     configuration: str | None
     scheduled_at: float | None = None
     deadline_at: float | None = None
+    limits: RunLimits | None = None
 
 
 class RunStarted(msgspec.Struct, tag=True, frozen=True):
@@ -109,13 +122,16 @@ class NoticeText(msgspec.Struct, frozen=True):
 
 class RunFinished(msgspec.Struct, tag=True, frozen=True):
     """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``. ``notification``: the
-    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default)."""
+    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default).
+    ``retiring``: the child exits after this run, and why (the run left threads behind, ...): it must get
+    no other run; its slot is refilled."""
 
     run_id: int
     success: bool
     error_message: str | None = None
     details: dict[str, Any] | None = None
     notification: NoticeText | None = None
+    retiring: str | None = None
 
 
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):

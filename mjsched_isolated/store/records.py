@@ -61,6 +61,8 @@ class JobRow(TypedDict):
     notify_recipients: str | None
     dst_gap_policy: str
     dst_fold_policy: str
+    missed_run_grace_s: float | None
+    max_total_runtime_s: float | None
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -211,3 +213,18 @@ class RecentFailure(TypedDict):
     status: str
     completed_at: dt.datetime | None
     error_message: str | None
+
+
+class AuditRow(TypedDict):
+    """An ``audit_log`` row: one dashboard action. ``outcome`` is ``ok``, ``refused`` or ``error``;
+    ``details`` is JSON text (the action's arguments, or the error's one line)."""
+
+    id: int
+    at: dt.datetime
+    actor: str
+    role: str
+    action: str
+    target: str | None
+    outcome: str
+    details: str | None
+    remote_addr: str | None

@@ -145,6 +145,8 @@ jobs = sa.Table(
     # -- time knobs (revision 0007); values checked by jobspec, an edited bad one makes the job "bad" --
     sa.Column("dst_gap_policy", sa.String(20), nullable=False, server_default="Shift"),
     sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
+    sa.Column("missed_run_grace_s", sa.Float),  # none: missed once the next occurrence is due
+    sa.Column("max_total_runtime_s", sa.Float),  # none: no hard cap
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -180,6 +182,7 @@ runs = sa.Table(
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),
+    sa.Index("ix_runs_started_at", "started_at", "status"),  # dashboard charts, time filters (revision 0006)
     # at most one run per occurrence, whatever the number of supervisors (manual runs have no scheduled_at)
     sa.UniqueConstraint("job_id", "scheduled_at", name="uq_runs_job_id_scheduled_at"),
     # a deleted run's id must never come back: a late result of the old run would land on the new one
@@ -249,6 +252,21 @@ plugin_reloads = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("requested_at", UTCDateTime, nullable=False),
     sa.Column("requested_by", sa.String(255), nullable=False),
+)
+
+# who did what through the dashboard, and when (revision 0006): one row per action, refused ones too
+audit_log = sa.Table(
+    "audit_log", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("actor", sa.String(255), nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("action", sa.String(50), nullable=False),
+    sa.Column("target", sa.String(255)),
+    sa.Column("outcome", sa.String(20), nullable=False),
+    sa.Column("details", sa.Text),
+    sa.Column("remote_addr", sa.String(64)),
+    sa.Index("ix_audit_log_at", "at"),
 )
 
 

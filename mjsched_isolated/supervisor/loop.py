@@ -69,10 +69,10 @@ class Supervisor:
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
-        self.reloader = PluginReloader(pool, store.latest_plugin_reload, check_interval_s=settings.rescan_interval_s,
-                                       request_interval_s=settings.lease_renew_interval_s)
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
+        self.reloader = PluginReloader(pool, store.latest_plugin_reload, check_interval_s=settings.rescan_interval_s,
+                                       request_interval_s=settings.lease_renew_interval_s)
         self._signals = 0
         self._reload_signal = False  # SIGHUP without a controlling terminal: reload the plugins
         self._hangup_stops = True  # SIGHUP with a controlling terminal: a hang-up, drain and stop (serve sets it)
@@ -238,7 +238,7 @@ class Supervisor:
         # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
         fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
                     if self.inflight and self.liveness.valid(mono) else None)
-        for when in (*candidates, renew_at, retry_at, fence_at, *(f.deadline for f in self.inflight.values())):
+        for when in (*candidates, renew_at, retry_at, fence_at, *(f.wake_at for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))
@@ -253,7 +253,9 @@ class Supervisor:
                 continue
             message = event.message
             flight = self.inflight.get(getattr(message, "run_id", -1))
-            if isinstance(message, protocol.RunFinished) and flight is not None:
+            if isinstance(message, protocol.RunFinished) and flight is not None and flight.kill_at is not None:
+                self.guard.ended_after_sigterm(flight, now, "its plugin returned")
+            elif isinstance(message, protocol.RunFinished) and flight is not None:
                 del self.inflight[message.run_id]
                 finished.append((flight, self.recorder.outcome(
                     flight, now, status="Completed" if message.success else "Failed", success=message.success,

@@ -15,6 +15,7 @@ imports the plugin loader only inside :func:`main`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -25,12 +26,14 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated import logs, protocol
-from mjsched_isolated.worker import hygiene, watchdog
+from mjsched_isolated import logs, proctree, protocol
+from mjsched_isolated.worker import hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
 from mjsched_isolated.worker.output import OutputCapture
 
 __all__ = ["PipeSender", "main"]
+
+log = logging.getLogger("mjsched.child")
 
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
@@ -50,6 +53,7 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _ignore_signal)
+    subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
     sender = PipeSender(conn)
@@ -77,19 +81,47 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             capture.begin(message.run_id)
-            result = run(registry, message, sender)
+            applied = limits.apply(message.limits)
+            if applied is not None and applied.errors:
+                log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
+                            "; ".join(applied.errors))
+            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result
             busy.value = 0
-            baseline.restore()
+            retiring = _after_run(baseline, message) or retiring
+            if retiring is not None:
+                result = msgspec.structs.replace(result, retiring=retiring)
             try:
                 sender.send(result)
             except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable plugin data
                 sender.send(protocol.RunFinished(
                     run_id=result.run_id, success=result.success, error_message=result.error_message,
-                    details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"}))
+                    details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
+                    retiring=retiring))
             # after the result (its recording overlaps), before the next run
-            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name)
+            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
             logs.current_run = None
+            if retiring is not None:  # the pool gives this child no other run; left threads must not hold it
+                logging.shutdown()
+                os._exit(0)
+
+
+def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest) -> str | None:
+    """Put back the process state the run changed (logged, naming it) and return why this worker must be
+    replaced after the run (None: it serves the next one): threads the run left running could act in a
+    later run (call ``os._exit``, hold locks) and cannot be stopped from outside."""
+    changed = baseline.restore()
+    if changed:
+        log.warning("run %d of job %s changed the worker's %s; restored", request.run_id, request.job_name,
+                    ", ".join(changed))
+    threads = baseline.new_threads()
+    if threads:
+        names = ", ".join(sorted(t.name for t in threads))[:200]
+        log.warning("run %d of job %s left %d thread(s) running (%s); the worker is replaced after it",
+                    request.run_id, request.job_name, len(threads), names)
+        return f"run {request.run_id} left {len(threads)} thread(s) running ({names})"
+    return None
 
 
 class PipeSender:
