@@ -51,6 +51,7 @@ class _RunBuffer:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending: list[str] = []  # decoded head text not sent yet
         self.pending_bytes = 0
+        self.flush_at = 0.0  # monotonic: when the pending text is sent (while the run goes on)
         self.tail: collections.deque[bytes] = collections.deque()
         self.tail_bytes = 0
         self.omitted = 0
@@ -63,6 +64,8 @@ class _RunBuffer:
             self.head_left -= len(head)
             text = self.decoder.decode(head, final=self.head_left == 0)
             if text:
+                if not self.pending:  # the first unsent text: sent at the latest one interval from now
+                    self.flush_at = time.monotonic() + FLUSH_INTERVAL_S
                 self.pending.append(text)
                 self.pending_bytes += len(head)
         if data:
@@ -171,22 +174,21 @@ class OutputCapture:
 
     # -- the reader thread ------------------------------------------------------------------------------
     def _read_loop(self, control_r: int) -> None:
-        next_flush = 0.0
         while True:
             run = self._run
-            timeout = None if run is None or not run.pending else max(0.0, next_flush - time.monotonic())
+            timeout = None if run is None or not run.pending else max(0.0, run.flush_at - time.monotonic())
             ready, _, _ = select.select([self._read_fd, control_r], [], [], timeout)
             if self._read_fd in ready:
                 data = os.read(self._read_fd, READ_SIZE)
                 if not data:
                     return
-                if run is not None and not run.pending:
-                    next_flush = time.monotonic() + FLUSH_INTERVAL_S
                 self._take(data)
             if control_r in ready:
                 os.read(control_r, 1)
                 self._finish_run()
-            elif run is not None and run.pending and time.monotonic() >= next_flush:
+                continue
+            run = self._run
+            if run is not None and run.pending and time.monotonic() >= run.flush_at:
                 self._send(run.run_id, run.take_pending())
 
     def _take(self, data: bytes) -> None:
