@@ -47,6 +47,9 @@ class Dispatcher:
         self.wake_sender = wake_sender
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        # job id -> job_type this supervisor has no plugin for: left to others until the next rescan
+        self.unrunnable: dict[int, str] = {}
+        self._reported_unrunnable: set[tuple[int, str]] = set()  # logged once per (job, type)
         self.next_rescan_at: dt.datetime | None = None
 
     # -- the sweep ------------------------------------------------------------------------------------
@@ -55,6 +58,7 @@ class Dispatcher:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
+        self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         self.advice.warn_high_frequency(now)
         self.abandon_orphans(now)
         for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
@@ -94,7 +98,7 @@ class Dispatcher:
             return
         known = {p.job_type for p in self.pool.last_ready.plugins}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
-        for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
+        for job in self.store.due_jobs(now, limit=len(idle), exclude=self._excluded()):
             if not idle:
                 break
             decided, next_run_at = self._decide(job, known, now)
@@ -104,7 +108,11 @@ class Dispatcher:
 
     def next_due_at(self) -> dt.datetime | None:
         """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
-        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        return self.store.next_due_at(self._excluded()) if self.pool.idle_workers() else None
+
+    def _excluded(self) -> set[int]:
+        """Jobs this supervisor does not look at: bad rows, and job types it has no plugin for."""
+        return set(self.bad_jobs) | set(self.unrunnable)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
@@ -135,11 +143,13 @@ class Dispatcher:
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
             return False, None
-        if job["job_type"] not in known:
-            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
-                self.metrics.occurrence_skipped("job_type_unavailable")
-                log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
-                          job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
+        if job["job_type"] not in known:  # left due for a supervisor that has the plugin (a rolling deploy)
+            self.unrunnable[job["id"]] = job["job_type"]
+            if (job["id"], job["job_type"]) not in self._reported_unrunnable:
+                self._reported_unrunnable.add((job["id"], job["job_type"]))
+                log.error("job %s: job_type %r is not available on this supervisor (see `plugins list`); its "
+                          "occurrences are left to a supervisor that has it (occurrence %s is waiting)",
+                          job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
             return False, None
         return True, next_run_at
 
