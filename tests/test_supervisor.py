@@ -647,6 +647,21 @@ def test_serve_refuses_a_plugins_folder_that_does_not_exist(tmp_path, capsys, mo
     assert not (tmp_path / "m.db").exists()  # nothing written
 
 
+def test_a_skip_names_the_supervisor_holding_the_lease(mem_store, fake_factory, caplog):
+    """After a crash and restart, the dead supervisor's lease lives until its liveness lease lapses: the
+    skip must not claim that a run is live on its own, but say who holds the lease and why it may."""
+    store = mem_store
+    d = fake_factory(rescan_interval_s=0.25)
+    store.register_supervisor("crashed-1", "host", 1, 600)  # looks alive for now
+    job = add_job(store, "s", "ok", "* * * * * *")
+    assert store.claim(job, now=utcnow(), next_run_at=job["next_run_at"] + dt.timedelta(seconds=1),
+                       instance="crashed-1", lease_s=600, deadline_at=utcnow() + dt.timedelta(minutes=10),
+                       scheduled_at=job["next_run_at"]) is not None
+    d.until(lambda: store.get_job("s")["skipped_count"] >= 1, 10)
+    assert ("the job's lease is held by supervisor crashed-1 (concurrency_mode Skip): its run is live, or that "
+            "supervisor died and its liveness lease has not lapsed yet") in caplog.text
+
+
 def test_a_failing_poll_is_logged_once_then_counted(mem_store, fake_factory, caplog):
     """The database refuses every poll (here: the jobs table is gone) for eight steps: one line, then one
     line when polls work again, with the count; /healthz's source (the metrics hook) sees each failure."""

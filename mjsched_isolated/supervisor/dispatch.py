@@ -163,8 +163,11 @@ class Dispatcher:
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
                     and job["missed_run_policy"] != "RunAll"):
+                holder = job.get("locked_by_instance")  # as read by the poll, just before the claim
                 self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                           "a run is still live (concurrency_mode Skip)")
+                           "a run is still live (concurrency_mode Skip)" if holder is None else
+                           f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
+                           "live, or that supervisor died and its liveness lease has not lapsed yet")
         return sum(f is not None for f in flights)
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
