@@ -35,6 +35,7 @@ log = logging.getLogger("mjsched.liveness")
 
 FENCE_FRACTION = 0.8
 RETRY_S = 1.0
+DB_CLOCK_RESOLUTION = dt.timedelta(milliseconds=1)  # SQLite's strftime('%f') reads whole milliseconds
 
 
 class Liveness:
@@ -52,7 +53,6 @@ class Liveness:
         self.valid_until = float("-inf")  # monotonic
         self.next_renew = 0.0  # monotonic
         self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
-        self._offset_measured = False
         self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
         self.trouble = Trouble(log, f"supervisor {instance}: lease renewal")  # logged once, then counted
@@ -113,19 +113,17 @@ class Liveness:
 
     def _measure_offset(self, db_now: dt.datetime, local_before: dt.datetime, elapsed_s: float) -> None:
         """The database read ``db_now`` somewhere within the round trip, so the true offset lies in
-        ``[db_now - local_after, db_now - local_before]``. The first measurement takes that interval's
-        middle; later ones move the estimate only when it falls outside, and then only to the interval's
-        nearest bound (the smallest move the measurement proves). So a slow renewal (a lock wait, a stalled
-        server) widens the interval and leaves a good estimate alone instead of shifting it by up to half
-        the round trip, which the supervisor would take for a clock jump; a real step of either clock moves
-        it at the next renewal, to within that renewal's round trip."""
-        latest = db_now - local_before  # the database read its clock no earlier than local_before
-        earliest = latest - dt.timedelta(seconds=elapsed_s)
-        if not self._offset_measured:
-            self.db_offset = earliest + (latest - earliest) / 2
-        elif not earliest <= self.db_offset <= latest:
-            self.db_offset = min(max(self.db_offset, earliest), latest)
-        self._offset_measured = True
+        ``[db_now - local_after, db_now - local_before]`` (widened by ``DB_CLOCK_RESOLUTION``: SQLite's
+        clock has millisecond steps). The estimate is the point of that interval nearest to the previous
+        estimate, starting from 0: so a database on this machine's clock (a SQLite file) measures exactly
+        0 however slow the round trip, instead of half the round trip, which made runs start up to 18 ms
+        early (issue 11: a cron run must never start before its instant); a slow renewal (a lock wait, a
+        stalled server) widens the interval and leaves a good estimate alone; a real step of either clock
+        moves it at the next renewal, to within that renewal's round trip. The offset is thus never more
+        than the round trip that measured it away from the smallest offset the measurement proves."""
+        latest = db_now - local_before + DB_CLOCK_RESOLUTION  # the database read no earlier than local_before
+        earliest = db_now - local_before - dt.timedelta(seconds=elapsed_s)
+        self.db_offset = min(max(self.db_offset, earliest), latest)
 
     def stop(self) -> None:
         """End the lease now (clean shutdown), so other supervisors need not wait for it."""
