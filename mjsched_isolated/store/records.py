@@ -199,6 +199,7 @@ class InflightRun(TypedDict):
     started_at: dt.datetime
     deadline_at: dt.datetime | None
     scheduled_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class NextDueJob(TypedDict):
