@@ -269,6 +269,27 @@ def test_run_now_answers_at_once_and_the_run_is_recorded(make_client, store):
     assert json.loads(audit_rows(store)[1]["details"])["run_id"] == run["id"]
 
 
+def test_cancel_asks_the_holder_of_a_live_run_and_records_who(make_client, store):
+    job = add_job(store, "alpha", "nap")
+    record_run(store, job["id"], status="Completed")
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], started_at=dt.datetime.now(UTC), status="Running",
+                                          executed_by_instance="sup-a"))
+    client = make_client()
+    assert client.post("/api/runs/2/cancel").status_code == 403  # no CSRF token
+    token = {"X-CSRF-Token": csrf_of(client, "/runs/2")}
+    assert 'action="/api/runs/2/cancel"' in client.get("/runs/2").text
+    asked = client.post("/api/runs/2/cancel", headers=token)
+    assert asked.status_code == 202 and asked.json()["run"]["cancel_requested_by"] == "local"
+    page = client.get("/runs/2").text
+    assert "by local" in page and 'action="/api/runs/2/cancel"' not in page
+    ended = client.post("/api/runs/1/cancel", headers=token)
+    assert ended.status_code == 400 and ended.json()["error"].startswith("id: run 1 is not running: it ended Completed")
+    assert client.post("/api/runs/99/cancel", headers=token).status_code == 404
+    assert [(r["action"], r["target"], r["outcome"]) for r in audit_rows(store)] == [
+        ("cancel", "2", "refused"), ("cancel", "2", "ok"), ("cancel", "1", "error"), ("cancel", "99", "error")]
+
+
 # -- the command ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def cli(tmp_path, capsys, monkeypatch):

@@ -1,7 +1,8 @@
 """The dashboard's ASGI application (Starlette): pages, their JSON under ``/api/``, actions, live updates.
 
 Every page ``/x`` has its JSON at ``/api/x`` (described by ``/api/openapi.json``). Actions are POSTs
-(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``); the pages' forms post to the same URLs
+(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``,
+``/api/runs/{id}/cancel``); the pages' forms post to the same URLs
 and are sent back to the page (303) with a one-line message. Every action, refused ones too, is logged
 (logger ``mjsched.dashboard``) and stored in the audit log with who and when.
 
@@ -211,7 +212,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
                 if not isinstance(body, dict):
                     return dash.error(request, who, 400, "body: must be a JSON object")
                 form = body
-            target = request.path_params.get("name")
+            target = request.path_params.get("name") or request.path_params.get("run_id")
             token = request.headers.get("x-csrf-token") or (form.pop("csrf_token", None) if is_form else None)
             if not who.bearer and not dash.auth.csrf_ok(who.session, token if isinstance(token, str) else None):
                 await run_in_threadpool(dash.audit, who, request, name, target, "refused", {"reason": "no CSRF token"})
@@ -241,8 +242,10 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         return dash.error(request, who, status, message)
 
     def _redirect(request: Request, who: Who, target: Any, **message: str) -> Response:
-        back = target if isinstance(target, str) and target.startswith("/") and not target.startswith("//") else (
-            "/jobs/" + request.path_params["name"] if "name" in request.path_params else "/")
+        fallback = ("/jobs/" + request.path_params["name"] if "name" in request.path_params else
+                    "/runs/" + request.path_params["run_id"] if "run_id" in request.path_params else "/")
+        safe = isinstance(target, str) and target.startswith("/") and not target.startswith("//")
+        back = target if safe else fallback
         back = back.split("?")[0] + "?" + urlencode(message)
         return dash.finish(RedirectResponse(back, 303), who)
 
@@ -271,6 +274,15 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
                                                          name), name=f"run-now-{name}", daemon=True).start()
         return 202, {"job_name": name, "accepted": True,
                      "message": f"job {name!r} started: its run appears in the list as soon as a worker takes it"}
+
+    async def do_cancel(request: Request, who: Who, run_id: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        try:
+            number = int(run_id)
+        except ValueError:
+            raise InputError("id", f"must be an integer, got {run_id!r}") from None
+        run = await run_in_threadpool(ops.cancel_run, store, number, who.actor)
+        return 202, {"run": data._run_summary(run),
+                     "message": f"run {number}: cancel requested; its supervisor stops it at its next lease renewal"}
 
     # -- login ---------------------------------------------------------------------------------------
     async def login_page(request: Request) -> Response:
@@ -347,6 +359,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         Route("/api/jobs/{name:path}/pause", action("pause", do_pause), methods=["POST"]),
         Route("/api/jobs/{name:path}/resume", action("resume", do_resume), methods=["POST"]),
         Route("/api/jobs/{name:path}/update", action("update", do_update), methods=["POST"]),
+        Route("/api/runs/{run_id}/cancel", action("cancel", do_cancel), methods=["POST"]),
         Route("/api/jobs/{name:path}", reader(pages["job"], None)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
