@@ -349,3 +349,14 @@ def test_api_fuzzed_against_its_schema_never_answers_500(make_client, store):
         check()
     assert failures == []
     assert len(calls) >= 40 and 200 in calls  # it did reach the handlers
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "/\\evil.example", "https://evil.example/", "jobs"])
+def test_login_and_forms_never_redirect_off_site(make_client, store, target):
+    add_job(store, "alpha", "nap")
+    client = make_client(operator_password=OPERATOR_PW)
+    token = csrf_of(client, "/login")
+    done = client.post("/login", data={"password": OPERATOR_PW, "csrf_token": token, "next": target})
+    assert done.status_code == 303 and done.headers["location"] == "/"
+    form = client.post("/api/jobs/alpha/pause", data={"csrf_token": csrf_of(client), "next": target})
+    assert form.status_code == 303 and form.headers["location"].startswith("/jobs/alpha?")

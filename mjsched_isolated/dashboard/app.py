@@ -244,8 +244,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
     def _redirect(request: Request, who: Who, target: Any, **message: str) -> Response:
         fallback = ("/jobs/" + request.path_params["name"] if "name" in request.path_params else
                     "/runs/" + request.path_params["run_id"] if "run_id" in request.path_params else "/")
-        safe = isinstance(target, str) and target.startswith("/") and not target.startswith("//")
-        back = target if safe else fallback
+        back = target if _safe_next(target) == target else fallback
         back = back.split("?")[0] + "?" + urlencode(message)
         return dash.finish(RedirectResponse(back, 303), who)
 
@@ -422,7 +421,10 @@ def _changes(form: dict[str, Any]) -> dict[str, Any]:
 
 
 def _safe_next(value: Any) -> str:
-    return value if isinstance(value, str) and value.startswith("/") and not value.startswith("//") else "/"
+    """``value`` if it is a path on this site, else ``/`` (no open redirect: ``//host``, ``/\\host``)."""
+    if isinstance(value, str) and value.startswith("/") and value[1:2] not in ("/", "\\") and "\n" not in value:
+        return value
+    return "/"
 
 
 def _next_of(request: Request) -> str:
