@@ -72,6 +72,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     notify_recipients: list[str] | None = None
     dst_gap_policy: DstGapPolicy = DstGapPolicy.SHIFT
     dst_fold_policy: DstFoldPolicy = DstFoldPolicy.ONCE_IF_FIXED_HOUR
+    missed_run_grace_s: float | None = None
+    max_total_runtime_s: float | None = None
     locked_at: dt.datetime | None = None
     locked_by_instance: str | None = None
     expected_completion_at: dt.datetime | None = None
@@ -151,7 +153,7 @@ class Client:
         fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
         ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
         ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
-        knobs ``dst_gap_policy``, ``dst_fold_policy``). The
+        knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
         the field (``name`` if taken); nothing is written then."""
         values = {"name": name, "job_type": job_type, "cron_expression": cron_expression, "timezone": timezone,
@@ -210,3 +212,9 @@ class Client:
         :class:`NotFoundError` (``id``) for an unknown run, :class:`InputError` (``id``) for one that is
         no longer Running."""
         return _run(ops.cancel_run(self._store, run_id, requested_by))
+    def run_logs(self, run_id: int) -> str:
+        """What run ``run_id`` wrote so far (stdout, stderr, logging records, its subprocesses'), in order,
+        bounded by ``max_run_output_bytes`` (its first and last halves, with a marker line between). A live
+        run's output grows about once a second. Raises :class:`NotFoundError` (field ``id``)."""
+        chunks, _running = ops.run_output(self._store, run_id)
+        return "".join(text for _, text in chunks)

@@ -27,6 +27,7 @@ import msgspec
 from mjsched_isolated.errors import InputError, msgspec_field_error
 
 MAX_SECONDS = 10 * 365 * 86400.0
+MAX_KILL_GRACE_S = 300.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
 DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 ENV_PREFIX = "MJSCHED_"
@@ -232,6 +233,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
 
 
+MAX_RUN_OUTPUT_BYTES = 1024**3  # 1 GiB: beyond it a run's output belongs in a file it writes itself
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
@@ -252,6 +256,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_timeout_s: Annotated[float, _doc(
         "default run deadline and lease length in seconds; a job's max_runtime_minutes only lengthens it")] = 600.0
     shutdown_timeout_s: Annotated[float, _doc("drain bound in seconds on SIGTERM/SIGINT")] = 30.0
+    kill_grace_s: Annotated[float, _doc(
+        "seconds between SIGTERM and SIGKILL for a run past its deadline (0: SIGKILL at once; at most half "
+        f"of lease_ttl_s is used, so the job's lease outlasts it); as Kubernetes' "
+        f"terminationGracePeriodSeconds, at most {MAX_KILL_GRACE_S:.0f}")] = 5.0
     rescan_interval_s: Annotated[float, _doc(
         "longest sleep in seconds before looking for job changes by others and runs of dead supervisors")] = 1.0
     heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
@@ -261,6 +269,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                   "report ready")] = 60.0
     plugin_import_timeout_s: Annotated[float, _doc("seconds one plugin module may take to import before it "
                                                    "is left out")] = 10.0
+    max_run_output_bytes: Annotated[int, _doc(
+        "bytes of a run's output (stdout, stderr, logging) kept with it: its first and last halves when it "
+        "writes more (see `runs logs`)")] = 4 * 1024 * 1024
     lease_ttl_s: Annotated[float, _doc(
         "this supervisor's liveness lease in seconds; a dead one's runs are recovered within TTL + rescan")] = 30.0
     lease_renew_interval_s: Annotated[float, _doc("seconds between renewals of the liveness lease")] = 10.0
@@ -308,9 +319,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        if not 0 <= self.kill_grace_s <= MAX_KILL_GRACE_S:
+            raise InputError("kill_grace_s", f"must be between 0 and {MAX_KILL_GRACE_S:.0f} seconds, "
+                                             f"got {self.kill_grace_s}")
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")
+        if not 1024 <= self.max_run_output_bytes <= MAX_RUN_OUTPUT_BYTES:
+            raise InputError("max_run_output_bytes", f"must be an integer from 1024 to {MAX_RUN_OUTPUT_BYTES}, "
+                             f"got {self.max_run_output_bytes}")
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")

@@ -62,6 +62,8 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # -- time knobs (issue 12 point 10) --
     dst_gap_policy: str = cron.DEFAULT_DST_GAP
     dst_fold_policy: str = cron.DEFAULT_DST_FOLD
+    missed_run_grace_s: float | None = None
+    max_total_runtime_s: float | None = None
 
 
 class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -103,6 +105,11 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         cron.check_dst_policies(spec.dst_gap_policy, spec.dst_fold_policy)
     except InputError as exc:
         fail(exc.field, exc.message)
+    for field in ("missed_run_grace_s", "max_total_runtime_s"):
+        value = getattr(spec, field)
+        if value is not None and not 0 < value <= planner.MAX_RUN_TIMEOUT_S:
+            fail(field, f"must be more than 0 and at most {planner.MAX_RUN_TIMEOUT_S:g} seconds (ten years), "
+                        f"got {value:g}")
     if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:

@@ -48,12 +48,15 @@ RUNALL_LOOKBACK = dt.timedelta(days=366)  # RunAll catches up at most a year of 
 
 class Decision(msgspec.Struct, frozen=True):
     """What to do with a due occurrence: ``run`` it or not, and the job's next ``next_run_at``.
-    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped."""
+    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped;
+    ``scheduled_at``: then the occurrence to run now instead of ``job["next_run_at"]`` (the oldest kept),
+    None when the due occurrence itself runs (or nothing does)."""
 
     run: bool
     next_run_at: dt.datetime | None
     missed: bool = False
     skipped_older: bool = False
+    scheduled_at: dt.datetime | None = None
 
 
 def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_scheduled: dt.datetime,
@@ -74,18 +77,30 @@ def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_schedu
 def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     """Apply the job's ``missed_run_policy`` to its due occurrence ``job["next_run_at"]`` at ``now``.
 
-    RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
+    An occurrence is *missed* when the next one is already due (the reference's rule), or, when the job
+    has ``missed_run_grace_s``, when ``now`` is more than that many seconds after it (APScheduler's
+    ``misfire_grace_time``; within the grace it runs as on time, folding any later due occurrences as
+    RunOnce does). RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
     RunAll: run the missed occurrences oldest first, one claim each, but only the newest
     ``max_catchup_runs`` of them, and none older than :data:`RUNALL_LOOKBACK`: a longer backlog is cut in
     one step (found by looking back from ``now``, never by enumerating it; the horizon keeps that look
-    short however sparse the schedule, e.g. a leap-day job left at year 4). Raises :class:`CronError` for
-    a bad cron or zone.
+    short however sparse the schedule, e.g. a leap-day job left at year 4). A cut runs the oldest kept
+    occurrence in the same decision (``scheduled_at``): were it left for the next poll, a poll slower
+    than the schedule's interval would find the bound moved past it and cut again, for ever, with no
+    run. Raises :class:`CronError` for a bad cron or zone.
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
     following = occurrence_after(job, scheduled)
-    action, advance = decide_missed_run(job.get("missed_run_policy") or "RunOnce", scheduled, following, now)
-    missed = following <= now
+    policy = job.get("missed_run_policy") or "RunOnce"
+    grace_s = job.get("missed_run_grace_s")
+    if grace_s is None:  # the reference's rule: missed once the next occurrence is due
+        action, advance = decide_missed_run(policy, scheduled, following, now)
+        missed = following <= now
+    else:  # APScheduler's misfire_grace_time: missed once found more than grace_s after its instant
+        missed = (now - scheduled).total_seconds() > grace_s
+        action, advance = ("SkipAndAdvance", None) if missed and policy == "Skip" else (
+            ("Run", "MissedOccurrence") if policy == "RunAll" and following <= now else ("Run", "Now"))
     if action == "SkipAndAdvance":
         return Decision(run=False, next_run_at=_within_end(job, occurrence_after(job, now)), missed=True)
     if advance == "Now":
@@ -97,7 +112,11 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following,
                                         dst=dst_policies(job))
     if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
-        return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)
+        kept = _within_end(job, oldest_kept)  # ... and run the oldest of it now
+        if kept is None:
+            return Decision(run=False, next_run_at=None, missed=True, skipped_older=True)
+        return Decision(run=True, next_run_at=_within_end(job, occurrence_after(job, oldest_kept)), missed=True,
+                        skipped_older=True, scheduled_at=kept)
     return Decision(run=True, next_run_at=_within_end(job, following), missed=True)
 
 
@@ -167,11 +186,20 @@ MAX_RUN_TIMEOUT_S = 10 * 365 * 86400.0  # longer than any run; keeps datetime ar
 
 
 def run_timeout_s(job: Row, lease_timeout_s: float) -> float:
-    """A run's allowed duration: ``max(lease_timeout_s, max_runtime_minutes * 60)``, at most ten years.
-    The per-job value only ever lengthens the default (reference §2.5, tests H7/H8)."""
+    """A run's allowed duration before any heartbeat: ``max(lease_timeout_s, max_runtime_minutes * 60)``,
+    at most ten years. The per-job value only ever lengthens the default (reference §2.5, tests H7/H8);
+    ``max_total_runtime_s``, the hard cap, shortens it."""
     minutes = job.get("max_runtime_minutes") or 0
     timeout = max(lease_timeout_s, minutes * 60.0) if minutes > 0 else lease_timeout_s
-    return min(timeout, MAX_RUN_TIMEOUT_S)
+    cap_s = job.get("max_total_runtime_s")
+    return min(timeout, MAX_RUN_TIMEOUT_S, cap_s if cap_s else MAX_RUN_TIMEOUT_S)
+
+
+def hard_deadline(job: Row, started_at: dt.datetime) -> dt.datetime | None:
+    """``started_at + max_total_runtime_s``: the instant no heartbeat moves a run's deadline past (Celery's
+    ``time_limit``, against the soft, heartbeat-extended deadline); None when the job has no cap."""
+    cap_s = job.get("max_total_runtime_s")
+    return started_at + dt.timedelta(seconds=min(cap_s, MAX_RUN_TIMEOUT_S)) if cap_s else None
 
 
 def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:

@@ -36,7 +36,7 @@ WAIT_S = 30.0
 LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)  # jobs that only run when asked
 SHOTS = os.environ.get("MJSCHED_DASHBOARD_SCREENSHOTS")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("dashboard_browser")]  # one browser, one stack
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,7 @@ def test_a_worker_dying_during_a_run_fails_that_run_only(mem_store, fake_factory
 
 def test_deadline_kills_the_run_records_timeout_and_other_jobs_stay_on_time(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.5)
+    d = fake_factory(lease_timeout_s=1.5, kill_grace_s=0)  # SIGKILL at once (the grace: tests/test_kills.py)
     d.pool.hold("hang1")
     add_job(store, "hang1", "ok", YEARLY)
     at = d.timeline()
@@ -169,7 +169,7 @@ def test_bad_job_rows_are_reported_and_skipped_and_the_scheduler_goes_on(mem_sto
 
 def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     add_job(store, "silent", "ok", YEARLY)
@@ -190,7 +190,7 @@ def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_fac
 
 def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)  # heartbeat_interval_s stays 300 s
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0, kill_grace_s=0)  # heartbeat_interval_s: 300 s
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     at = d.timeline()
@@ -434,7 +434,7 @@ def test_os_exit_and_segfault_cost_one_run_and_the_slot_is_refilled(store, drive
 
 
 def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(store, driver_factory, tmp_path):
-    d = driver_factory(lease_timeout_s=1.5)
+    d = driver_factory(lease_timeout_s=1.5, kill_grace_s=0.2)  # the plugin blocks SIGTERM: SIGKILL after 0.2 s
     config = json.dumps({"marker_dir": str(tmp_path)})
     add_job(store, "hang1", "hang", YEARLY, configuration=config)
     d.until(lambda: list(tmp_path.glob("hang1.*.started")))  # written after the grandchild's file
@@ -446,7 +446,8 @@ def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(stor
     d.until(lambda: _finished(store, "hang1")() and _finished(store, "ok-other")())
     run = _runs(store, "hang1")[0]
     assert run["status"] == "Timeout" and "deadline" in run["error_message"]
-    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=1)
+    assert "still running 0.2 s later (kill_grace_s): killed with SIGKILL" in run["error_message"]
+    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=1.2)
     assert wait_gone([grandchild.pid, hung_pid]) == []
     other = _runs(store, "ok-other")[0]
     assert other["status"] == "Completed"

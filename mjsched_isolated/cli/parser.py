@@ -122,6 +122,11 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--dst-fold-policy", field="dst_fold_policy", choices=DST_FOLD_POLICIES,
         help="occurrences in a repeated local hour (DST fall back): OnceIfFixedHour (default: a fixed hour "
              "runs in the first copy only, a wildcard or step hour in both), Once, or Both copies")
+    add("--missed-run-grace-s", field="missed_run_grace_s", type=float, metavar="S",
+        help="an occurrence found more than S seconds late is missed (handled by --missed-run-policy); "
+             "default: missed once the next occurrence is due")
+    add("--max-total-runtime-s", field="max_total_runtime_s", type=float, metavar="S",
+        help="hard cap on a run's runtime: killed S seconds after it started, whatever its heartbeats")
     # -- end of time knobs --
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")
@@ -216,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
                          "it finished before the cancel took effect or is still running")
     _reads(rc, runs.cmd_cancel)
+    rlogs = runs_p.add_parser("logs", parents=[common], help="print what a run wrote (stdout, stderr, logging)",
+                              formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
+    rlogs.add_argument("id", type=int, help="the run's id")
+    rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "
@@ -247,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = plugins.add_parser("list", parents=[common, as_json],
                             help="job types found, and modules that failed (exit 1 if any failed)")
     _reads(pl, system.cmd_plugins_list)
+    reload_p = plugins.add_parser("reload", parents=[common],
+                                  help="make every supervisor of the database load the plugin code on its disk; "
+                                       "workers are replaced as their runs end")
+    _reads(reload_p, system.cmd_plugins_reload)
     check = sub.add_parser("check", parents=[common, as_json],
                            help="validate the settings, import every plugin, check every job; exit 0 when all is well")
     check.add_argument("--jobs", metavar="FILE", dest=SETTING + "jobs_file", default=argparse.SUPPRESS,

@@ -1,7 +1,8 @@
 """The rows the store hands out and takes in, as ``TypedDict`` s keyed by column name, so a type checker
 checks their keys where they cross module lines. At run time each is a plain ``dict``.
 
-Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`) have
+Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`,
+:class:`RunOutputRow`, :class:`PluginReloadRow`) have
 exactly the columns of their table in :mod:`mjsched_isolated.store.schema` (a test compares them). View
 rows add joined columns (``job_name``) or are projections for ``status``. Datetimes are aware UTC;
 ``status``, ``concurrency_mode``, ``missed_run_policy``, ``event`` and ``priority`` hold the stored text of
@@ -60,6 +61,8 @@ class JobRow(TypedDict):
     notify_recipients: str | None
     dst_gap_policy: str
     dst_fold_policy: str
+    missed_run_grace_s: float | None
+    max_total_runtime_s: float | None
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -113,6 +116,23 @@ class AbandonedRun(RunRow):
     job_name: str
     notify_on_failure: bool
     notify_recipients: str | None
+
+
+class RunOutputRow(TypedDict):
+    """A ``run_output`` row: one chunk (``seq`` from 0, in order) of a run's captured output."""
+
+    run_id: int
+    seq: int
+    data: str
+    created_at: dt.datetime
+
+
+class PluginReloadRow(TypedDict):
+    """A ``plugin_reloads`` row: one ``plugins reload`` request (database time, and who asked)."""
+
+    id: int
+    requested_at: dt.datetime
+    requested_by: str
 
 
 class SupervisorRow(TypedDict):

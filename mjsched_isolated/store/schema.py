@@ -2,6 +2,8 @@
 
 Tables: ``jobs`` and ``runs`` (the reference's), and ``supervisors``: one row per supervisor process whose
 ``lease_expires_at`` it renews; a job lease or a run is live only while its supervisor's row is.
+``notifications`` is the outbox; ``run_output`` holds each run's captured output in ordered chunks;
+``plugin_reloads`` the latest ``plugins reload`` request.
 
 The data model is the reference engine's (reference-engine-spec.md §1.2, §1.3) in snake_case. Timestamps
 are stored as naive UTC (``DATETIME(6)`` on MySQL) and read back as aware UTC. The database clock is
@@ -143,6 +145,8 @@ jobs = sa.Table(
     # -- time knobs (revision 0007); values checked by jobspec, an edited bad one makes the job "bad" --
     sa.Column("dst_gap_policy", sa.String(20), nullable=False, server_default="Shift"),
     sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
+    sa.Column("missed_run_grace_s", sa.Float),  # none: missed once the next occurrence is due
+    sa.Column("max_total_runtime_s", sa.Float),  # none: no hard cap
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -230,6 +234,25 @@ notifications = sa.Table(
     sqlite_autoincrement=True,
 )
 
+
+# a run's captured output (stdout, stderr, logging records of its worker): ordered chunks, each at most
+# OUTPUT_CHUNK_BYTES of UTF-8 (under MariaDB's 64 KB TEXT), deleted with the run (see mjsched_isolated.store.output)
+run_output = sa.Table(
+    "run_output", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+)
+
+# `plugins reload` requests: every supervisor compares the newest id with the one it last acted on (see
+# mjsched_isolated.supervisor.reload); older rows are deleted by the next request
+plugin_reloads = sa.Table(
+    "plugin_reloads", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("requested_at", UTCDateTime, nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=False),
+)
 
 # who did what through the dashboard, and when (revision 0006): one row per action, refused ones too
 audit_log = sa.Table(

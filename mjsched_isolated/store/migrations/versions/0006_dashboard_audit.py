@@ -1,7 +1,7 @@
 """dashboard: the audit table (who did what, when) and an index on runs.started_at for its charts
 
 Revision ID: 0006
-Revises: 0007
+Revises: 0005
 Create Date: 2026-12-02
 
 Adds only: existing rows are untouched. ``ix_runs_started_at`` serves the dashboard's "runs by status over
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0006"
-down_revision = "0007"  # given as 0002 on its branch; chained after main's head when main was merged in
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
