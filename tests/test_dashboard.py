@@ -360,3 +360,23 @@ def test_login_and_forms_never_redirect_off_site(make_client, store, target):
     assert done.status_code == 303 and done.headers["location"] == "/"
     form = client.post("/api/jobs/alpha/pause", data={"csrf_token": csrf_of(client), "next": target})
     assert form.status_code == 303 and form.headers["location"].startswith("/jobs/alpha?")
+
+
+def test_a_runs_captured_output_is_shown_escaped_and_updates_the_fingerprint(make_client, store):
+    from mjsched_isolated.store.output import RunOutput
+
+    job = add_job(store, "alpha", "nap")
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], started_at=dt.datetime.now(UTC), status="Running"))
+    client = make_client()
+    views = client.app.state.dashboard.views
+    before = views.fingerprint()
+    RunOutput(store.engine).append(1, 0, ["line one\n", PAYLOAD + "\n"], dt.datetime.now(UTC))
+    assert views.fingerprint() != before  # an open run page refreshes as the run prints
+    page = client.get("/runs/1").text
+    assert "line one" in page and "&lt;script&gt;document.title=" in page and PAYLOAD not in page
+    assert client.get("/api/runs/1").json()["output"] == "line one\n" + PAYLOAD + "\n"
+    RunOutput(store.engine).append(1, 2, [f"chunk {i}\n" for i in range(70)], dt.datetime.now(UTC))
+    text, earlier = views.output_tail(1)
+    assert earlier == 8 and text.startswith("chunk 6\n") and text.endswith("chunk 69\n")
+    assert "8 earlier chunk(s) are left out" in client.get("/runs/1").text

@@ -218,14 +218,18 @@ def _run_summary(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_page(views: DashboardViews, run_id: str) -> dict[str, Any]:
-    """One run: every column (``details`` decoded), its job's name. Raises :class:`NotFoundError` (``id``)."""
+    """One run: every column (``details`` decoded), its job's name, and the tail of its captured output
+    (``output``; ``output_earlier_chunks`` chunks before it are left out, ``mjsched runs logs`` has them).
+    Raises :class:`NotFoundError` (``id``)."""
     try:
         number = int(run_id)
     except ValueError:
         raise InputError("id", f"must be an integer, got {run_id!r}") from None
     if not 0 < number < 2**63:
         raise InputError("id", f"no run with id {number}")
-    return {"run": _run_summary(views.get_run(number))}
+    run = _run_summary(views.get_run(number))
+    output, earlier_chunks = views.output_tail(number)
+    return {"run": run, "output": output, "output_earlier_chunks": earlier_chunks}
 
 
 def audit_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any]:
