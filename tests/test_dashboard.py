@@ -380,3 +380,16 @@ def test_a_runs_captured_output_is_shown_escaped_and_updates_the_fingerprint(mak
     text, earlier = views.output_tail(1)
     assert earlier == 8 and text.startswith("chunk 6\n") and text.endswith("chunk 69\n")
     assert "8 earlier chunk(s) are left out" in client.get("/runs/1").text
+
+
+def test_upcoming_occurrences_follow_the_jobs_own_dst_policy(store):
+    from mjsched_isolated.dashboard.data import upcoming
+
+    after = dt.datetime(2024, 3, 30, 12, 0, tzinfo=UTC)
+    shift = add_job(store, "shift", "nap", "30 2 * * *", timezone="Europe/Berlin", next_run_at=after)
+    skip = add_job(store, "skip", "nap", "30 2 * * *", timezone="Europe/Berlin", next_run_at=after,
+                   dst_gap_policy="Skip")
+    first = upcoming(shift, after, 1)[0]
+    assert (first["utc"], first["note"]) == (dt.datetime(2024, 3, 31, 1, 0, tzinfo=UTC),
+                                             "moved: 2024-03-31 02:30 does not exist (DST gap)")
+    assert upcoming(skip, after, 1)[0]["utc"] == dt.datetime(2024, 4, 1, 0, 30, tzinfo=UTC)

@@ -167,15 +167,16 @@ def jobs_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any
 
 
 def upcoming(job: Mapping[str, Any], now: dt.datetime, count: int = UPCOMING) -> list[dict[str, Any]]:
-    """The job's next ``count`` occurrences from its ``next_run_at`` (or ``now``): ``utc``, ``local``
-    (the job's zone) and ``note`` (daylight-saving notes, :mod:`mjsched_isolated.cronshow`). Empty when it
-    is not scheduled (not Active)."""
+    """The job's next ``count`` occurrences from its ``next_run_at`` (or ``now``), by its own DST
+    policies: ``utc``, ``local`` (the job's zone) and ``note`` (daylight-saving notes,
+    :mod:`mjsched_isolated.cronshow`). Empty when it is not scheduled (not Active)."""
     if job["status"] != JobStatus.ACTIVE:
         return []
     first = job.get("next_run_at")
     try:
         rows = describe_next(job["cron_expression"], job["timezone"], now if first is None else first
-                             - dt.timedelta(microseconds=1), count)
+                             - dt.timedelta(microseconds=1), count,
+                             **{k: job[k] for k in ("dst_gap_policy", "dst_fold_policy") if job.get(k)})
     except MjschedError:
         return []
     end = job.get("end_at")
