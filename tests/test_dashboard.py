@@ -393,3 +393,20 @@ def test_upcoming_occurrences_follow_the_jobs_own_dst_policy(store):
     assert (first["utc"], first["note"]) == (dt.datetime(2024, 3, 31, 1, 0, tzinfo=UTC),
                                              "moved: 2024-03-31 02:30 does not exist (DST gap)")
     assert upcoming(skip, after, 1)[0]["utc"] == dt.datetime(2024, 4, 1, 0, 30, tzinfo=UTC)
+
+
+def test_failed_logins_from_one_address_are_throttled(make_client, store):
+    from mjsched_isolated.dashboard.auth import LOGIN_FAILURES, LOGIN_WINDOW_S, LoginThrottle
+
+    client = make_client(operator_password=OPERATOR_PW)
+    token = csrf_of(client, "/login")
+    for _ in range(LOGIN_FAILURES):
+        assert "wrong password" in client.post("/login", data={"password": "guess-guess", "csrf_token": token}).text
+    locked = client.post("/login", data={"password": OPERATOR_PW, "csrf_token": token})
+    assert locked.status_code == 429  # even the right password, until the window passes
+    assert [json.loads(r["details"] or "{}").get("reason") for r in audit_rows(store)][-1] == "throttled"
+    throttle = LoginThrottle()  # the window, with time passed in
+    for t in range(LOGIN_FAILURES):
+        throttle.failed("10.0.0.1", float(t))
+    assert throttle.locked("10.0.0.1", 10.0) and not throttle.locked("10.0.0.2", 10.0)
+    assert not throttle.locked("10.0.0.1", LOGIN_WINDOW_S + 0.5)

@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -293,9 +294,14 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         form = dict(await request.form())
         if not dash.auth.csrf_ok(who.session, str(form.get("csrf_token") or "")):
             return dash.error(request, who, 403, "forbidden: a POST needs the page's CSRF token")
-        role = await run_in_threadpool(dash.auth.login, str(form.get("password") or ""))
         remote = request.client.host if request.client else "?"
+        if dash.auth.throttle.locked(remote, time.monotonic()):
+            await run_in_threadpool(dash.audit, who, request, "login", None, "refused", {"reason": "throttled"})
+            return dash.error(request, who, 429, "too many failed logins from this address: try again in a few "
+                                                 "minutes")
+        role = await run_in_threadpool(dash.auth.login, str(form.get("password") or ""))
         if role is None:
+            dash.auth.throttle.failed(remote, time.monotonic())
             await run_in_threadpool(dash.audit, who, request, "login", None, "refused", None)
             return dash.page(request, who, "login.html", {"next": _safe_next(form.get("next")),
                                                           "login_error": "wrong password"})
