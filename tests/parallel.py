@@ -1,4 +1,4 @@
-"""The suite in parallel (pytest-xdist, pyproject's addopts ``--numprocesses=auto --dist=loadgroup``): the
+"""The suite in parallel (pytest-xdist, pyproject's addopts ``--numprocesses=logical --dist=loadgroup``): the
 ``serial`` group and the ``alone`` marker. A pytest plugin: conftest.py imports its hooks, and
 tests/test_parallel.py loads it (``-p parallel``) into a pytest of its own.
 
