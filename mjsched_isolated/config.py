@@ -113,6 +113,41 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         _seconds("metrics.", self, ("stall_after_s",))
 
 
+class Dashboard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[dashboard]``: ``mjsched dashboard``'s address and who may use it. Binds to 127.0.0.1 unless told;
+    another address is refused unless ``operator_password`` or ``operator_token`` is set. Passwords and
+    tokens are secrets (set them with ``MJSCHED_DASHBOARD_OPERATOR_PASSWORD`` and the like rather than in
+    the file); each may be given as plain text or as a hash printed by ``mjsched dashboard --hash-password``
+    (``scrypt$...``), and the dashboard keeps only hashes in memory. The ``viewer_*`` ones grant the
+    read-only role, the ``operator_*`` ones may also act. ``session_secret`` signs session cookies (random
+    per process when unset: sessions then end with the process)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8520
+    operator_password: str | None = None
+    viewer_password: str | None = None
+    operator_token: str | None = None
+    viewer_token: str | None = None
+    session_secret: str | None = None
+    session_max_age_s: float = 12 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InputError("dashboard.port", f"must be between 0 and 65535, got {self.port}")
+        if not self.host.strip():
+            raise InputError("dashboard.host", "must not be empty")
+        for name in ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret"):
+            value = getattr(self, name)
+            if value is not None and len(value) < 8:
+                raise InputError(f"dashboard.{name}", "must be at least 8 characters long")
+        _seconds("dashboard.", self, ("session_max_age_s",))
+
+    def __repr__(self) -> str:
+        secret = ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret")
+        shown = ", ".join(f"{name}={'***' if getattr(self, name) else None}" for name in secret)
+        return f"Dashboard(host={self.host!r}, port={self.port}, {shown})"
+
+
 def is_email_address(address: str) -> bool:
     """A plausible single address (``local@domain``, no spaces, separators or header characters): enough
     to catch a typo or a header injection; the SMTP server has the last word."""
@@ -198,6 +233,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
 
 
+MAX_RUN_OUTPUT_BYTES = 1024**3  # 1 GiB: beyond it a run's output belongs in a file it writes itself
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
@@ -231,6 +269,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                   "report ready")] = 60.0
     plugin_import_timeout_s: Annotated[float, _doc("seconds one plugin module may take to import before it "
                                                    "is left out")] = 10.0
+    max_run_output_bytes: Annotated[int, _doc(
+        "bytes of a run's output (stdout, stderr, logging) kept with it: its first and last halves when it "
+        "writes more (see `runs logs`)")] = 4 * 1024 * 1024
     lease_ttl_s: Annotated[float, _doc(
         "this supervisor's liveness lease in seconds; a dead one's runs are recovered within TTL + rescan")] = 30.0
     lease_renew_interval_s: Annotated[float, _doc("seconds between renewals of the liveness lease")] = 10.0
@@ -255,6 +296,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     notifications: Notifications = msgspec.field(default_factory=Notifications)
+    dashboard: Dashboard = msgspec.field(default_factory=Dashboard)
 
     def __post_init__(self) -> None:
         if not self.database_url.strip():
@@ -283,6 +325,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")
+        if not 1024 <= self.max_run_output_bytes <= MAX_RUN_OUTPUT_BYTES:
+            raise InputError("max_run_output_bytes", f"must be an integer from 1024 to {MAX_RUN_OUTPUT_BYTES}, "
+                             f"got {self.max_run_output_bytes}")
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")
@@ -313,7 +358,7 @@ def redact_url(url: str) -> str:
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
 SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "metrics": Metrics,
-                                             "notifications": Notifications}
+                                             "notifications": Notifications, "dashboard": Dashboard}
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 
 

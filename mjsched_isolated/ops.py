@@ -251,6 +251,12 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
         raise InputError("id", f"run {run_id} is not running: it ended {row['status']}"
                                f"{f' at {ended:%Y-%m-%dT%H:%M:%SZ}' if ended else ''}; nothing to cancel")
     return get_run(store, run_id)
+def run_output(store: Store, run_id: int, after_seq: int = -1) -> tuple[list[tuple[int, str]], bool]:
+    """Run ``run_id``'s captured output after chunk ``after_seq`` as ``(seq, text)`` chunks in order, and
+    whether the run is still Running (read first: once it is not, the chunks returned are all there is).
+    Raises :class:`NotFoundError` (field ``id``)."""
+    running = get_run(store, run_id)["status"] == "Running"
+    return store.run_output(run_id, after_seq), running
 
 
 def status(store: Store) -> Row:

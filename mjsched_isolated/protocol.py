@@ -2,8 +2,8 @@
 MessagePack-encoded, one message per ``Connection.send_bytes``.
 
 Supervisor -> child: :class:`RunRequest`, :class:`ValidateRequest`, :class:`Stop`.
-Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunFinished`,
-:class:`ValidateReply`.
+Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunOutput`,
+:class:`RunFinished`, :class:`ValidateReply`.
 New fields must get defaults so old and new peers keep decoding each other.
 """
 
@@ -102,6 +102,14 @@ class Heartbeat(msgspec.Struct, tag=True, frozen=True):
     at: float
 
 
+class RunOutput(msgspec.Struct, tag=True, frozen=True):
+    """The next piece of what run ``run_id`` wrote (stdout, stderr, logging records), in order, already
+    bounded by the worker (see :mod:`mjsched_isolated.worker.output`); at most 256 KB of UTF-8."""
+
+    run_id: int
+    text: str
+
+
 class NoticeText(msgspec.Struct, frozen=True):
     """The plugin's ``format_notification`` result: ``priority`` is Low, Normal or High; ``metadata`` a
     JSON object (stored as the notice's ``details``)."""
@@ -144,7 +152,7 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
 
 
 ToChild = RunRequest | ValidateRequest | Stop
-ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunFinished | ValidateReply
+ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunOutput | RunFinished | ValidateReply
 
 _encoder = msgspec.msgpack.Encoder()
 _to_child = msgspec.msgpack.Decoder(ToChild)

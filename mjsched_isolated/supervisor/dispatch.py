@@ -33,6 +33,11 @@ log = logging.getLogger("mjsched.supervisor")
 SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
 
 
+def job_types(worker: Any) -> set[str]:
+    """The job types ``worker`` loaded (empty until it is ready)."""
+    return set() if worker.ready is None else {p.job_type for p in worker.ready.plugins}
+
+
 class Dispatcher:
     """Decides due jobs and starts runs into ``inflight`` (the supervisor's dict, run id -> InFlight)."""
 
@@ -50,6 +55,7 @@ class Dispatcher:
         self.next_rescan_at: dt.datetime | None = None
         # how many results wait to be recorded (database unreachable): their slots still count as taken
         self.unrecorded: Callable[[], int] = lambda: 0
+        self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -88,9 +94,12 @@ class Dispatcher:
                       extra={"job": run["job_name"], "run_id": run["id"]})
 
     def dispatch_due(self, now: dt.datetime) -> None:
-        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
-        *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
-        alone), then handed to its worker. Does not wait for runs."""
+        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. A run goes to an idle
+        worker that has its job type (workers of two plugin generations may differ); a job whose type only
+        busy workers have waits for one. Every job decided *run* in this poll is claimed in ONE transaction
+        (``Store.claim_many``; each claim is still judged alone), then handed to its worker. Does not wait
+        for runs."""
+        self.waiting_for_worker.clear()
         idle = self.pool.idle_workers()
         # a result not yet recorded still holds its job's lease and its place under the cap: a worker
         # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
@@ -98,19 +107,32 @@ class Dispatcher:
         del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
-        known = {p.job_type for p in self.pool.last_ready.plugins}
+        # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
+        # while serving, a reload in progress); a run goes to a worker that has its type
+        known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
+                 for p in w.ready.plugins}
+        types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
             if not idle:
                 break
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None and job["job_type"] in known:  # only a busy worker has it: wait for one
+                self.waiting_for_worker.add(job["id"])
+                continue
             decided, next_run_at, job = self._decide(job, known, now)
             if decided:
-                to_run.append((job, next_run_at, idle.pop()))
+                worker = worker or idle[-1]
+                idle.remove(worker)
+                to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
-        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        if not self.pool.idle_workers():
+            return None
+        return self.store.next_due_at(set(self.bad_jobs) | self.waiting_for_worker)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""

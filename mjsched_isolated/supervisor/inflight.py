@@ -34,6 +34,7 @@ class InFlight:
         self.scheduled_at: dt.datetime | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
+        self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients")}
 

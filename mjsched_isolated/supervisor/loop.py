@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
 import signal
 import socket
 import time
@@ -23,11 +24,12 @@ from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.dispatch import Dispatcher
 from mjsched_isolated.supervisor.guard import RunGuard
-from mjsched_isolated.supervisor.inflight import InFlight
+from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.liveness import Liveness, Renewer
 from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
+from mjsched_isolated.supervisor.reload import PluginReloader
 from mjsched_isolated.supervisor.retention import Pruner
 from mjsched_isolated.supervisor.trouble import DatabaseFile, Trouble
 
@@ -69,7 +71,11 @@ class Supervisor:
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
+        self.reloader = PluginReloader(pool, store.latest_plugin_reload, check_interval_s=settings.rescan_interval_s,
+                                       request_interval_s=settings.lease_renew_interval_s)
         self._signals = 0
+        self._reload_signal = False  # SIGHUP without a controlling terminal: reload the plugins
+        self._hangup_stops = True  # SIGHUP with a controlling terminal: a hang-up, drain and stop (serve sets it)
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
 
     # -- the parts' state, under the names callers and tests use ----------------------------------
@@ -170,8 +176,12 @@ class Supervisor:
             timeout_s = min(timeout_s, self._stop_at - time.monotonic())
         if max_wait_s is not None:
             timeout_s = min(timeout_s, max_wait_s)
-        events, woken = self.pool.wait(max(0.0, timeout_s), list(extra))
+        probe = self.reloader.handles()
+        events, woken = self.pool.wait(max(0.0, timeout_s), [*extra, *probe])
         self.on_events(events, self.read_clock()[0])
+        if probe:
+            self.reloader.poll(time.monotonic())
+            woken = [h for h in woken if h not in probe]
         self.metrics.loop_completed(time.monotonic())
         return woken
 
@@ -207,6 +217,7 @@ class Supervisor:
                                          f"; retrying every {self.settings.rescan_interval_s:g} s")
                 self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
+            self.reloader.step(mono)
         return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))
 
     def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
@@ -257,9 +268,23 @@ class Supervisor:
                               extra={"job": flight.job_name, "run_id": flight.run_id})
             elif isinstance(message, protocol.Heartbeat) and flight is not None:
                 self.guard.heartbeat(flight, now)
+            elif isinstance(message, protocol.RunOutput) and flight is not None:
+                self._store_output(flight, message.text, now)
             elif isinstance(message, protocol.Ready):
                 self.dispatcher.advice.log_plugins(message)
         self.recorder.record_many(finished)
+
+    def _store_output(self, flight: InFlight, text: str, now: dt.datetime) -> None:
+        """Append a piece of the run's output (bounded by the worker) to its ``run_output`` rows. Output is
+        not worth an outcome: a database that cannot take it loses that piece, said once per run."""
+        if flight.output_seq < 0:  # an earlier piece was lost: a gap would read as complete output
+            return
+        try:
+            flight.output_seq = self.store.append_run_output(flight.run_id, flight.output_seq, [text], now)
+        except Exception as exc:  # noqa: BLE001 - an outage or a refused text must not stop the loop
+            log.warning("run %d of job %s: its output could not be stored (%s); the rest of it is dropped",
+                        flight.run_id, flight.job_name, _short(exc), extra=log_ctx(flight))
+            flight.output_seq = -1
 
     def _wake_sender(self) -> None:
         """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
@@ -274,6 +299,10 @@ class Supervisor:
         for sock in (rsock, wsock):
             sock.setblocking(False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # SIGHUP: a closed terminal or a lost SSH session when serve has a controlling terminal (drain and
+        # stop, as SIGTERM: issue 12); a reload request when it has none (systemd, a daemon: issue 14)
+        self._hangup_stops = has_controlling_terminal()
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
             self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
@@ -302,6 +331,7 @@ class Supervisor:
                 self.renewer.stop()  # before the sockets close and before the clean stop of the lease
             rsock.close()
             wsock.close()
+            self.reloader.close()
             self.pool.close()
             if self.notifier is not None:
                 self.notifier.stop()
@@ -322,8 +352,20 @@ class Supervisor:
             return
         self._signals += 1
 
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        """SIGHUP: with a controlling terminal, a stop request like SIGTERM; without one, a plugin reload
+        (only a flag: the loop acts on it)."""
+        if self._hangup_stops:
+            self._on_signal(signum, frame)
+        else:
+            self._reload_signal = True
+
     def _act_on_stop_requests(self, now: dt.datetime, mono: float) -> None:
-        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs."""
+        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs. A
+        SIGHUP meaning reload is handed to the reloader."""
+        if self._reload_signal:
+            self._reload_signal = False
+            self.reloader.request("SIGHUP")
         if self._signals >= 2 and self.inflight:
             log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
             self.guard.cancel_all(now, "interrupted by shutdown (second signal)")
@@ -360,6 +402,17 @@ class Supervisor:
         """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
         :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
         return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
+
+
+def has_controlling_terminal() -> bool:
+    """True if this process has a controlling terminal (opening ``/dev/tty`` works): then SIGHUP is the
+    terminal's hang-up, else (systemd, a daemon, a container) the conventional "reload" request."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def _drain_socket(sock: socket.socket) -> None:

@@ -57,6 +57,7 @@ class Worker:
         self.run: protocol.RunRequest | None = None
         self.runs_done = 0
         self.retiring: str | None = None  # the child said it exits after its last run, and why
+        self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
 
     @property
     def pid(self) -> int:
@@ -91,7 +92,8 @@ class Pool:
 
     def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
-                 max_memory_per_child_mb: float | None = None, log_format: str = "text"):
+                 max_memory_per_child_mb: float | None = None, log_format: str = "text",
+                 max_run_output_bytes: int = 4 * 1024 * 1024):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -99,6 +101,7 @@ class Pool:
         self.plugins_dir = os.path.abspath(plugins_dir) if plugins_dir is not None else None
         self.log_level = log_level
         self.log_format = log_format  # children log in the supervisor's format (see logs.py)
+        self.max_run_output_bytes = max_run_output_bytes  # per run, kept by the child (worker/output.py)
         self.ready_timeout_s = ready_timeout_s
         self.import_timeout_s = import_timeout_s
         self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
@@ -121,6 +124,7 @@ class Pool:
         # and grandchildren of a killed worker. It must reap them or zombies pile up (see _reap_orphans).
         self.reap_orphans = os.getpid() == 1
         self.orphans_reaped = 0
+        self.generation = 0  # plugin code generation; replace_all() moves it on (supervisor/reload.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -135,7 +139,7 @@ class Pool:
                    import_timeout_s=settings.plugin_import_timeout_s,
                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
-                   log_format=settings.log_format)
+                   log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,12 +155,13 @@ class Pool:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
-                                                           dict(self.fatal_modules)),
+                                                           dict(self.fatal_modules), self.max_run_output_bytes),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()
         child_conn.close()
         worker = Worker(slot, process, parent_conn, time.monotonic())
+        worker.generation = self.generation
         self.workers[slot] = worker
         return worker
 
@@ -222,6 +227,7 @@ class Pool:
                 events.append(self._reap(worker))
             elif worker.runs_done > runs_before and worker.idle:
                 self._recycle_if_due(worker)
+        self._retire_stale()
         return events, [h for h in ready if h in extra]
 
     def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
@@ -305,6 +311,17 @@ class Pool:
         get the chance to clean up; the worker itself ignores it). Does not wait: the caller kills what
         is still running after its grace (:meth:`kill_all`)."""
         kill_trees([w.pid for w in workers], signal.SIGTERM)
+
+    def replace_all(self) -> None:
+        """New plugin code: every worker is replaced by one that imports it, an idle one at once, a busy
+        one when its run ends (its result is read first); refilled slots import the code then on disk."""
+        self.generation += 1
+        self._retire_stale()
+
+    def _retire_stale(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker is not None and worker.idle and worker.generation != self.generation:
+                self._retire(worker, "replaced to load the new plugin code")
 
     def _recycle_if_due(self, worker: Worker) -> None:
         """Between runs: retire ``worker`` if it is over a recycling limit (it gets no new run: its slot is

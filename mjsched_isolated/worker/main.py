@@ -1,10 +1,11 @@
 """The worker child's entry and loop: a top-level function started with the *spawn* method, in its own
 session.
 
-It points fd 1 at fd 2 (a plugin's ``print`` or a subprocess inheriting stdout must never reach the
-supervisor's or the CLI's stdout), forks its watchdog (:mod:`~mjsched_isolated.worker.watchdog`), imports
-the plugins (the supervisor never does), says :class:`~mjsched_isolated.protocol.Ready`, then serves one
-request at a time until ``Stop`` or end-of-pipe. Each run goes through
+It forks its watchdog (:mod:`~mjsched_isolated.worker.watchdog`), points fds 1 and 2 at the output capture
+(:mod:`~mjsched_isolated.worker.output`: a plugin's ``print`` or a subprocess's output belongs to its run,
+never to the supervisor's or the CLI's stdout), imports the plugins (the supervisor never does), says
+:class:`~mjsched_isolated.protocol.Ready`, then serves one request at a time until ``Stop`` or end-of-pipe.
+Each run goes through
 :func:`~mjsched_isolated.worker.execute.run`; after it, :mod:`~mjsched_isolated.worker.hygiene` restores the
 process state and kills what the run left running. It never touches the database.
 
@@ -28,6 +29,7 @@ import msgspec
 from mjsched_isolated import logs, proctree, protocol
 from mjsched_isolated.worker import hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
+from mjsched_isolated.worker.output import OutputCapture
 
 __all__ = ["PipeSender", "main"]
 
@@ -36,13 +38,14 @@ log = logging.getLogger("mjsched.child")
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
-         skip_modules: dict[str, str] | None = None) -> None:
+         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
     monotonic time after which the supervisor's lease can no longer be trusted (see
     :mod:`~mjsched_isolated.supervisor.liveness`). ``skip_modules``: plugin modules not to import (an
-    earlier child died importing them) -> why."""
+    earlier child died importing them) -> why. ``max_run_output_bytes``: what a run's output keeps (first
+    and last halves; see :mod:`~mjsched_isolated.worker.output`)."""
     os.dup2(2, 1)  # stdout is the supervisor's (or the CLI's JSON output): plugin output goes to stderr
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     # Shutdown is the supervisor's decision: a Ctrl-C or a SIGTERM sent to the whole process tree (systemd's
@@ -53,10 +56,13 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
+    sender = PipeSender(conn)
+    capture = OutputCapture(sender.send, max_run_output_bytes)
+    capture.install()  # after the watchdog's fork: it keeps the real stderr
     logs.configure(log_level, log_format, worker_pid=os.getpid())
+    capture.route_logging()
     from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
-    sender = PipeSender(conn)
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
                             on_import=lambda module: sender.send(protocol.Importing(module=module)))
     baseline = hygiene.ProcessState.capture()
@@ -74,13 +80,15 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
         elif isinstance(message, protocol.RunRequest):
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
+            capture.begin(message.run_id)
             applied = limits.apply(message.limits)
             if applied is not None and applied.errors:
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
             result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
-            busy.value = 0
             retiring = limits.restore(applied)
+            capture.end()  # the run's output is sent before its result
+            busy.value = 0
             retiring = _after_run(baseline, message) or retiring
             if retiring is not None:
                 result = msgspec.structs.replace(result, retiring=retiring)

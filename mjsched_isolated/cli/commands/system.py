@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 
 from mjsched_isolated import config, cron, ops
 from mjsched_isolated.cli import render
@@ -110,6 +112,16 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         for failure in report.failures:
             print(f"FAILED {render.cell(failure.module)}: {render.cell(ops.last_line(failure.error))}")
     return Exit.FAILED if report.failures else Exit.OK
+
+
+def cmd_plugins_reload(args: argparse.Namespace) -> int:
+    """Ask every supervisor of this database to reload its plugins (a ``plugin_reloads`` row)."""
+    with open_store(args) as store:
+        request = store.request_plugin_reload(f"{socket.gethostname()}-{os.getpid()}")
+    print(f"plugin reload requested (request {request['id']}): every supervisor of this database loads the plugin "
+          f"code on its disk within lease_renew_interval_s ({args.settings.lease_renew_interval_s:g} s) and replaces "
+          f"its workers as their runs end; one whose new code fails to import keeps its workers and logs why")
+    return Exit.OK
 
 
 def cmd_cron_next(args: argparse.Namespace) -> int:
