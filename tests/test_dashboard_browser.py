@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_SERVERS, add_job, isolated_database
+from conftest import REQUIRE_SERVERS, add_job, isolated_database, serial
 from procs import serves
 from waiting import LogLines
 
@@ -36,7 +36,8 @@ WAIT_S = 30.0
 LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)  # jobs that only run when asked
 SHOTS = os.environ.get("MJSCHED_DASHBOARD_SCREENSHOTS")
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("dashboard_browser")]  # one browser, one stack
+# one worker runs the module (one browser, each stack started once), never beside a timing test (conftest)
+pytestmark = [pytest.mark.timeout(120), serial]
 
 
 @pytest.fixture(scope="module")
