@@ -99,6 +99,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     executed_by_instance: str | None = None
     deadline_at: dt.datetime | None = None
     duration_ms: float | None = None
+    cancel_requested_at: dt.datetime | None = None
+    cancel_requested_by: str | None = None
 
 
 def _job(row: dict[str, Any]) -> Job:
@@ -201,3 +203,12 @@ class Client:
     def get_run(self, run_id: int) -> Run:
         """Run ``run_id``. Raises :class:`NotFoundError` (field ``id``)."""
         return _run(ops.get_run(self._store, run_id))
+
+    def cancel_run(self, run_id: int, *, requested_by: str | None = None) -> Run:
+        """Ask for live run ``run_id`` to be cancelled, like ``mjsched runs cancel``: whichever supervisor
+        holds it kills its process tree within one ``lease_renew_interval_s`` and records it Cancelled
+        (``cancel_requested_by``: ``requested_by``, default ``<user>@<host>``); a run that finishes first
+        keeps its outcome (poll :meth:`get_run`). Returns the run as it is now (Running). Raises
+        :class:`NotFoundError` (``id``) for an unknown run, :class:`InputError` (``id``) for one that is
+        no longer Running."""
+        return _run(ops.cancel_run(self._store, run_id, requested_by))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import socket
 import tomllib
 import typing
@@ -32,8 +33,12 @@ ENV_PREFIX = "MJSCHED_"
 
 
 def default_instance() -> str:
-    """``<hostname>-<pid>``, the reference's ``LockedByInstance`` format (§2.5)."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``<hostname>-<pid>-<6 random hex digits>``: the reference's ``LockedByInstance`` format (§2.5) made
+    unique per start. Hostname and pid repeat in containers (the entrypoint is PID 1 at every start and
+    the hostname survives a restart): a restarted supervisor that took its crashed predecessor's name
+    would renew that predecessor's lease and keep its dead runs "live" (issue 12). Hostname and pid are
+    also kept as columns of the ``supervisors`` row."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _doc(text: str, *, cli: str | None = None) -> msgspec.Meta:
@@ -228,7 +233,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                         cli="hidden")] = 0.0
     max_catchup_runs: Annotated[int, _doc(
         f"RunAll jobs catch up at most this many missed occurrences (at most {MAX_CATCHUP_RUNS})")] = 100
-    instance: Annotated[str, _doc("this supervisor's name in leases and logs (default <hostname>-<pid>)")] = \
+    instance: Annotated[str, _doc(
+        "this supervisor's name in leases and logs (default <hostname>-<pid>-<random 6 hex>); a name given "
+        "here must be unique among live supervisors and should change at each start")] = \
         msgspec.field(default_factory=default_instance)
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], _doc("log level", cli="common")] = "INFO"
     log_format: Annotated[Literal["text", "json"], _doc("text, or json: one JSON object per line on stderr",

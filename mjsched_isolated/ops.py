@@ -14,7 +14,10 @@ Rows returned are the views of :func:`job_view` / :func:`run_view`: the store's 
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
+import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
 from mjsched_isolated.errors import (
     InputError,
     MjschedError,
+    NotFoundError,
     first_line,
     msgspec_field_error,
 )
@@ -160,6 +164,38 @@ def get_run(store: Store, run_id: int) -> Row:
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
         raise InputError("id", f"no run with id {run_id!r}")
     return run_view(store.get_run(run_id))
+
+
+def default_actor() -> str:
+    """Who is asking, for the records: ``<user>@<hostname>`` of this process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): the uid will do
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Row:
+    """Ask for run ``run_id`` to be cancelled (Flower's revoke/terminate, Oban Web's cancel): the request
+    (``cancel_requested_at`` by the database clock, ``cancel_requested_by`` = ``requested_by`` or
+    :func:`default_actor`) is written on the Running run row, and whichever supervisor holds the run
+    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``) and records it
+    Cancelled, not counted as a failure. A run that finishes first keeps its outcome. Returns the run
+    (still Running). Raises :class:`NotFoundError` (field ``id``) for an unknown run, :class:`InputError`
+    (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for an empty name."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
+        raise InputError("id", f"no run with id {run_id!r}")
+    actor = default_actor() if requested_by is None else requested_by
+    if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
+        raise InputError("requested_by", f"must be a name of 1 to 255 characters, got {actor!r}")
+    row = store.request_cancel(run_id, actor.strip())
+    if row is None:
+        raise NotFoundError("id", f"no run with id {run_id}")
+    if row["status"] != RunStatus.RUNNING.value:
+        ended = row["completed_at"]
+        raise InputError("id", f"run {run_id} is not running: it ended {row['status']}"
+                               f"{f' at {ended:%Y-%m-%dT%H:%M:%SZ}' if ended else ''}; nothing to cancel")
+    return get_run(store, run_id)
 
 
 def status(store: Store) -> Row:

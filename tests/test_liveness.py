@@ -1,9 +1,14 @@
-"""The liveness lease's measurement of the database clock offset (a real SQLite store)."""
+"""The liveness lease: its measurement of the database clock offset (a real SQLite store), and the
+supervisor's identity."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import socket
 import time
+
+from conftest import add_job
 
 from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
@@ -60,3 +65,27 @@ def test_a_renewal_after_more_than_a_ttl_says_runs_may_have_been_abandoned(tmp_p
     assert lease.maintain(time.monotonic())
     assert "longer than the 0.05 s TTL" in caplog.text
     store.close()
+
+
+def test_a_restart_with_the_same_hostname_and_pid_recovers_the_crashed_run(mem_store, fake_factory):
+    """A container's entrypoint is PID 1 at every start and its hostname survives a restart. Two
+    supervisors made in this one process have the same hostname and pid, as the two lives of such a
+    container do: the first is "SIGKILLed" (it stops renewing and says nothing), the second starts. The
+    crashed run must be recorded Failed within the TTL plus a poll, not kept "live" under a shared name."""
+    store = mem_store
+    timing = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "rescan_interval_s": 0.2}
+    first = fake_factory(**timing)
+    first.pool.hold()
+    add_job(store, "long", "ok", "0 0 1 1 *")
+    first.until(lambda: bool(store.running_runs()))
+    (run,) = store.running_runs()
+
+    second = fake_factory(**timing)  # the first is never cycled again: its lease lapses
+    assert second.settings.instance != first.settings.instance
+    second.until(lambda: store.get_run(run["id"])["status"] != "Running", 10)
+    recorded = store.get_run(run["id"])
+    assert recorded["status"] == "Failed" and "abandoned" in recorded["error_message"]
+    assert first.settings.instance in recorded["error_message"]
+    rows = {r["instance"]: r for r in store.list_supervisors()}
+    assert {(rows[d.settings.instance]["hostname"], rows[d.settings.instance]["pid"]) for d in (first, second)} == {
+        (socket.gethostname(), os.getpid())}  # hostname and pid kept, as labels

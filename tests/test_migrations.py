@@ -32,6 +32,7 @@ HEAD = migrate.head_revision()
 OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: run `python -m mjsched_isolated db "
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
+NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
 
 
@@ -40,10 +41,17 @@ def make_at(url: str, revision: str, *, stamped: bool = True) -> sa.Engine:
     """A database migrated to ``revision``; without ``stamped`` it has no alembic_version, like one made
     by create_all before migrations existed."""
     engine = schema.connect(url)
-    with engine.begin() as conn:
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":  # as migrate does: a table rebuild must not cascade
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
         command.upgrade(migrate.config(conn), revision)
         if not stamped:
             conn.execute(sa.text("DROP TABLE alembic_version"))
+        conn.commit()
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()
     return engine
 
 
@@ -126,10 +134,12 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 (and later revisions) add."""
+    """What 0001 should be: the current schema minus what 0002 and later revisions add."""
     out = {k: v for k, v in reflected.items() if k != "notifications"}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
+    out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
+                                               if k not in NEW_RUN_COLUMNS}}
     return out
 
 
@@ -200,9 +210,7 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
     try:
         fill(engine)
         assert migrate.check(engine) == migrate.SchemaStatus("0002", HEAD, "legacy")
-        message = migrate.check(engine).message()  # head 0002: nothing but the stamp is missing; later: an upgrade
-        assert ("no version stamp" if HEAD == "0002" else f"this version needs {HEAD}") in message
-        assert "db upgrade" in message
+        assert "db upgrade" in migrate.check(engine).message()
         was, now = migrate.upgrade(engine)
         assert (was.current, now.current, now.state) == ("0002", HEAD, "current")
         store = Store.open(backend_url)
@@ -210,6 +218,56 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
             assert store.get_job("leased")["lock_token"] == "0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11"
         finally:
             store.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0003_keeps_every_row_and_id_and_ids_are_never_reused(backend_url):
+    """0003 (SQLite: a rebuild of jobs, runs and notifications with AUTOINCREMENT; elsewhere: two added
+    columns) keeps every row and id, the foreign key and cascade still work, existing runs carry no cancel
+    request, and a deleted newest run's or job's id is not handed out again."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        with engine.begin() as conn:
+            conn.execute(schema.notifications.insert().values(
+                id=5, channel="email", event="Failure", job_id=1, job_name="leased", run_id=11, subject="s",
+                body="b", next_attempt_at=T0, created_at=T0))
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)]
+                       for t in ("jobs", "runs", "supervisors", "notifications")}
+        before = snapshot(engine, old_columns)
+        if engine.dialect.name == "sqlite":  # only through migrate (foreign keys off), or the runs would go
+            with engine.begin() as conn, pytest.raises(RuntimeError, match="foreign keys off"):
+                command.upgrade(migrate.config(conn), "0003")
+        assert migrate.upgrade(engine)[1].current == HEAD
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            cancels = conn.execute(sa.select(runs.c.cancel_requested_at, runs.c.cancel_requested_by)).all()
+        assert cancels and all(tuple(c) == (None, None) for c in cancels)
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as conn:
+                ddl = dict(conn.execute(sa.text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).all())
+            assert all("AUTOINCREMENT" in ddl[t] for t in ("jobs", "runs", "notifications"))
+            assert "ON DELETE CASCADE" in ddl["runs"] and "ck_status" in ddl["runs"]
+
+        with engine.begin() as conn:
+            conn.execute(jobs.delete().where(jobs.c.id == 1))  # the foreign key's cascade still removes runs
+            assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar() == 0
+        if engine.dialect.name != "sqlite":  # the rows above have explicit ids: their sequences never moved
+            return
+        with engine.begin() as conn:
+            for table in (jobs, schema.notifications):
+                conn.execute(table.delete())
+            job_id = conn.execute(jobs.insert().values(name="again", job_type="ok", cron_expression="* * * * *",
+                                                       created_at=T0, updated_at=T0)).inserted_primary_key
+            run_id = conn.execute(runs.insert().values(job_id=job_id[0], started_at=T0)).inserted_primary_key
+            note_id = conn.execute(schema.notifications.insert().values(
+                channel="email", event="Failure", job_name="again", subject="s", body="b", next_attempt_at=T0,
+                created_at=T0)).inserted_primary_key
+        newest_run = max(r["id"] for r in before["runs"])
+        assert (run_id[0], job_id[0], note_id[0]) == (newest_run + 1, 3, 6)  # not 1, 1, 1: nothing reused
     finally:
         engine.dispose()
 
@@ -224,8 +282,7 @@ def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url
         inspector = sa.inspect(engine)
         old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
         before = snapshot(engine, old_columns)
-        with engine.begin() as conn:
-            command.upgrade(migrate.config(conn), "0007")
+        migrate.upgrade(engine)
         assert snapshot(engine, old_columns) == before
         with engine.connect() as conn:
             rows = conn.execute(sa.select(jobs.c.id, jobs.c.dst_gap_policy, jobs.c.dst_fold_policy,

@@ -212,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     rs = runs_p.add_parser("show", parents=[common, as_json], help="show one run")
     rs.add_argument("id", type=int, help="the run's id")
     _reads(rs, runs.cmd_show, read_only=True)
+    rc = runs_p.add_parser("cancel", parents=[common, as_json],
+                           help="cancel a live run: the supervisor holding it kills its process tree at its next "
+                                "lease renewal and records it Cancelled")
+    rc.add_argument("id", type=int, help="the run's id")
+    rc.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
+    rc.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="S",
+                    help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
+                         "it finished before the cancel took effect or is still running")
+    _reads(rc, runs.cmd_cancel)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "

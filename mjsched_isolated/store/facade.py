@@ -23,7 +23,7 @@ next occurrences in). All datetimes are aware UTC; lease expiry is judged by the
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.jobs import Jobs
-from mjsched_isolated.store.leases import Leases
+from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
 from mjsched_isolated.store.records import (
     AbandonedRun,
@@ -168,6 +168,10 @@ class Store:
                                  deadline_at=deadline_at, take_lease=take_lease, scheduled_at=scheduled_at,
                                  queued_at=queued_at, status=status, only_free_lease=only_free_lease)
 
+    def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str) -> list[Claim | None]:
+        """Claim several occurrences in one transaction, each judged alone (:meth:`Leases.claim_many`)."""
+        return self.leases.claim_many(requests, now=now, instance=instance)
+
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat a run and its lease (:meth:`Leases.extend`)."""
         return self.leases.extend(job_id, token, lease_s, run_id, deadline_at)
@@ -178,19 +182,29 @@ class Store:
 
     def finish_run(self, run_id: int, job_id: int, token: str | None, *, status: str, success: bool | None,
                    error_message: str | None, details: dict[str, Any] | None, duration_ms: float | None,
-                   count: bool = True, notices: list[OutboxRow] | None = None) -> bool:
+                   count: bool = True, notices: list[OutboxRow] | None = None,
+                   completed_at: dt.datetime | None = None) -> bool:
         """Record a run's terminal state, statistics, release and notices (:meth:`Leases.finish_run`)."""
         return self.leases.finish_run(run_id, job_id, token, status=status, success=success,
                                       error_message=error_message, details=details, duration_ms=duration_ms,
-                                      count=count, notices=notices)
+                                      count=count, notices=notices, completed_at=completed_at)
+
+    def finish_runs(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Record several runs' outcomes in one transaction (group commit) (:meth:`Leases.finish_runs`)."""
+        return self.leases.finish_runs(outcomes)
 
     def running_runs(self, instance: str | None = None) -> list[RunRow]:
         """Running runs (of ``instance``) (:meth:`Leases.running_runs`)."""
         return self.leases.running_runs(instance)
 
-    def held_runs(self, run_ids: AbstractSet[int]) -> set[int]:
-        """Of ``run_ids``, those whose lease still carries their token (:meth:`Leases.held_runs`)."""
-        return self.leases.held_runs(run_ids)
+    def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
+        """Of these runs of ``instance``, those it still holds, each with who asked to cancel it
+        (:meth:`Leases.held_runs`)."""
+        return self.leases.held_runs(tokens, instance)
+
+    def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
+        """Ask the holder of a Running run to cancel it (:meth:`Leases.request_cancel`)."""
+        return self.leases.request_cancel(run_id, requested_by)
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,

@@ -84,6 +84,8 @@ class _RunColumns(TypedDict):
     lock_token: str | None
     deadline_at: dt.datetime | None
     duration_ms: float | None
+    cancel_requested_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class RunRow(_RunColumns):

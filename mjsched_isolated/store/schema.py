@@ -155,6 +155,7 @@ jobs = sa.Table(
     _check("concurrency_mode", CONCURRENCY_MODES),
     _check("missed_run_policy", MISSED_RUN_POLICIES),
     sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at"),
+    sqlite_autoincrement=True,  # ids are never reused (PostgreSQL and MySQL never reuse them anyway)
 )
 
 runs = sa.Table(
@@ -173,11 +174,16 @@ runs = sa.Table(
     sa.Column("lock_token", sa.String(36)),
     sa.Column("deadline_at", UTCDateTime),
     sa.Column("duration_ms", sa.Float),
+    # `runs cancel`: when and by whom (user@host or an actor) a cancel was asked; the holder acts on it
+    sa.Column("cancel_requested_at", UTCDateTime),
+    sa.Column("cancel_requested_by", sa.String(255)),
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),
     # at most one run per occurrence, whatever the number of supervisors (manual runs have no scheduled_at)
     sa.UniqueConstraint("job_id", "scheduled_at", name="uq_runs_job_id_scheduled_at"),
+    # a deleted run's id must never come back: a late result of the old run would land on the new one
+    sqlite_autoincrement=True,
 )
 
 supervisors = sa.Table(
@@ -222,6 +228,7 @@ notifications = sa.Table(
     _check("status", NOTIFICATION_STATUSES),
     _check("priority", PRIORITIES),
     sa.Index("ix_notifications_status_next_attempt_at", "status", "next_attempt_at"),
+    sqlite_autoincrement=True,
 )
 
 

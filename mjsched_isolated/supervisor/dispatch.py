@@ -22,7 +22,8 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
-from mjsched_isolated.store.records import JobRow
+from mjsched_isolated.store.leases import ClaimRequest
+from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
@@ -81,16 +82,21 @@ class Dispatcher:
 
     # -- due jobs -------------------------------------------------------------------------------------
     def dispatch_due(self, now: dt.datetime) -> None:
-        """Claim due jobs, earliest first, for idle workers, and hand them over. Does not wait for runs."""
+        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
+        *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
+        alone), then handed to its worker. Does not wait for runs."""
         idle = self.pool.idle_workers()
         if not idle or self.pool.last_ready is None:
             return
         known = {p.job_type for p in self.pool.last_ready.plugins}
+        to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
             if not idle:
                 break
-            if self.decide_one(job, known, now, idle[-1]):
-                idle.pop()
+            decided, next_run_at = self._decide(job, known, now)
+            if decided:
+                to_run.append((job, next_run_at, idle.pop()))
+        self._claim_batch(to_run, now)
 
     def next_due_at(self) -> dt.datetime | None:
         """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
@@ -98,48 +104,61 @@ class Dispatcher:
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
+        decided, next_run_at = self._decide(job, known, now)
+        return decided and self._claim_batch([(job, next_run_at, worker)], now) == 1
+
+    def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None]:
+        """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it)."""
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
-            return self._repair_unreadable(job, now)
+            return self._repair_unreadable(job, now), None
         if planner.expired(job, now):
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
                             job["name"], iso(job["end_at"]), iso(seen))
-            return False
+            return False, None
         try:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
-                return self._reschedule(job, planner.initial_next_run_at(job, now), now)
+                return self._reschedule(job, planner.initial_next_run_at(job, now), now), None
             decision = planner.decide(job, now, self.settings.max_catchup_runs)
         except SCHEDULE_ERRORS as exc:  # one bad job must not stop the poll
             self._mark_bad(job, str(exc))
-            return False
+            return False, None
         next_run_at = decision.next_run_at
         if decision.run and decision.scheduled_at is not None:  # RunAll's backlog cut: drop the older ones
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); catching up "
                    f"from {iso(decision.scheduled_at)}, which runs now")
             if not self._skip(job, seen, decision.scheduled_at, now, "backlog", "Missed", why):
-                return False
-            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
-            job = job.copy()
-            job["next_run_at"] = seen
+                return False, None
+            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide): the row,
+            job["next_run_at"] = seen  # read for this poll, now says what the claim expects to find
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
-            return False
+            return False, None
         if job["job_type"] not in known:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
                 self.metrics.occurrence_skipped("job_type_unavailable")
                 log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
                           job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
-            return False
-        if self.claim(job, now, next_run_at, worker, scheduled_at=seen) is not None:
-            return True
-        if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
-            self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                       "a run is still live (concurrency_mode Skip)")
-        return False  # Queue (and RunAll catch-up): the occurrence waits for the live run to end
+            return False, None
+        return True, next_run_at
+
+    def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
+        """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
+        the won ones over; a lost claim of a Skip job skips its occurrence (a run is still live), of a Queue
+        job (or a RunAll catch-up) leaves it waiting for the live run to end. Returns how many were won."""
+        flights = self._claim_many([(job, next_run_at, worker, job["next_run_at"]) for job, next_run_at, worker
+                                    in to_run], now)
+        for (job, next_run_at, _), flight in zip(to_run, flights, strict=True):
+            seen = job["next_run_at"]
+            if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
+                    and job["missed_run_policy"] != "RunAll"):
+                self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
+                           "a run is still live (concurrency_mode Skip)")
+        return sum(f is not None for f in flights)
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
               metric: str, event: str, why: str) -> bool:
@@ -160,18 +179,36 @@ class Dispatcher:
         """Claim the occurrence ``scheduled_at`` (None: a manual run) and hand it to ``worker``; the job's
         ``next_run_at`` becomes ``next_run_at``. Returns the new :class:`InFlight`, None if the claim lost
         (the lease is held, or another supervisor took the occurrence)."""
-        timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
-        deadline = now + dt.timedelta(seconds=timeout_s)
-        claim = self.store.claim(
-            # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
-            job, now=now, next_run_at=next_run_at, instance=self.settings.instance,
-            lease_s=timeout_s + self.settings.lease_ttl_s,
-            deadline_at=deadline, take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
-            only_free_lease=self.clock.holding_takeovers(now),
-            queued_at=planner.queued_at(job, scheduled_at),
-            status="Expired" if next_run_at is None and scheduled_at is not None else None)
-        if claim is None:
-            return None
+        return self._claim_many([(job, next_run_at, worker, scheduled_at)], now)[0]
+
+    def _claim_many(self, items: list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]],
+                    now: dt.datetime) -> list[InFlight | None]:
+        """Claim (job, next_run_at, worker, scheduled_at) items in one transaction, then hand each won run
+        to its worker. One :class:`InFlight` (or None: lost) per item, in order."""
+        if not items:
+            return []
+        holding = self.clock.holding_takeovers(now)
+        requests, timeouts = [], []
+        for job, next_run_at, _, scheduled_at in items:
+            timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+            timeouts.append(timeout_s)
+            requests.append(ClaimRequest(
+                # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
+                job, next_run_at, lease_s=timeout_s + self.settings.lease_ttl_s,
+                deadline_at=now + dt.timedelta(seconds=timeout_s),
+                take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
+                queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
+                status="Expired" if next_run_at is None and scheduled_at is not None else None))
+        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance)
+        flights: list[InFlight | None] = []
+        for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
+                                                                             strict=True):
+            flights.append(None if claim is None else
+                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now))
+        return flights
+
+    def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
+                   timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         self.inflight[claim.run_id] = flight
@@ -185,9 +222,10 @@ class Dispatcher:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
         self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
-        log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
-                 job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                 iso(deadline), extra=log_ctx(flight))
+        if log.isEnabledFor(logging.INFO):
+            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
+                     job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
+                     iso(deadline), extra=log_ctx(flight))
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------

@@ -88,16 +88,32 @@ class RunGuard:
                              error_message=f"fenced: run killed because {why}")
 
     def fence_unheld(self, now: dt.datetime) -> None:
-        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds."""
+        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds (matched by
+        run id, lease token and instance), and cancel the held runs someone asked to cancel (`runs cancel`):
+        one query per renewal serves both."""
         if not self.inflight:
             return
         try:
-            held = self.store.held_runs(set(self.inflight))
+            held = self.store.held_runs({run_id: f.token for run_id, f in self.inflight.items()},
+                                        self.settings.instance)
         except Exception:  # noqa: BLE001 - checked again at the next renewal
-            held = set(self.inflight)
-        for run_id in set(self.inflight) - held:
+            return
+        for run_id in set(self.inflight) - set(held):
             self.fence(self.inflight[run_id], now,
                        "its lease was taken over, the run was abandoned, or its job was removed")
+        for run_id, requested_by in held.items():
+            if requested_by is not None and run_id in self.inflight:
+                self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def cancel(self, flight: InFlight, now: dt.datetime, reason: str) -> None:
+        """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
+        counted as a run or a failure)."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("cancel")
+        log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
+                    extra=log_ctx(flight))
+        self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""
