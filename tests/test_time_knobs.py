@@ -12,6 +12,8 @@ import json
 import pytest
 from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mjsched_isolated import Client, DstFoldPolicy, DstGapPolicy, InputError, planner
 from mjsched_isolated.store import Store
@@ -155,6 +157,27 @@ def test_grace_longer_than_the_interval_runs_a_late_occurrence_as_on_time():
     runall = {**minutely, "missed_run_policy": "RunAll"}  # RunAll still runs every one, oldest first
     assert planner.decide(runall, utc(2030, 1, 1, 9, 2, 30)) == planner.Decision(
         run=True, next_run_at=utc(2030, 1, 1, 9, 1), missed=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(late_s=st.floats(min_value=0, max_value=4 * 3600), grace_s=st.floats(min_value=1, max_value=4 * 3600),
+       policy=st.sampled_from(["Skip", "RunOnce", "RunAll"]))
+def test_grace_decides_missed_by_lateness_alone(late_s, grace_s, policy):
+    """Property: with missed_run_grace_s, an hourly occurrence found late_s after its instant is missed
+    exactly when late_s > grace_s; Skip then does not run it, RunOnce runs it once, RunAll runs every
+    occurrence in turn (the next one to run is the following hour's while that is due)."""
+    scheduled = utc(2030, 1, 1, 9)
+    now = scheduled + dt.timedelta(seconds=late_s)
+    hourly = job(cron_expression="0 * * * *", timezone="UTC", next_run_at=scheduled, missed_run_policy=policy,
+                 missed_run_grace_s=grace_s)
+    decision = planner.decide(hourly, now)
+    missed = (now - scheduled).total_seconds() > grace_s  # late_s as a datetime holds it (to the microsecond)
+    assert decision.run == (policy != "Skip" or not missed)
+    if policy != "RunAll":
+        assert decision.missed == missed
+        assert decision.next_run_at == now.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
+    else:
+        assert decision.next_run_at == utc(2030, 1, 1, 10)
 
 
 def test_supervisor_skips_an_occurrence_found_after_its_grace(mem_store, fake_factory):
