@@ -212,3 +212,9 @@ class Client:
         :class:`NotFoundError` (``id``) for an unknown run, :class:`InputError` (``id``) for one that is
         no longer Running."""
         return _run(ops.cancel_run(self._store, run_id, requested_by))
+    def run_logs(self, run_id: int) -> str:
+        """What run ``run_id`` wrote so far (stdout, stderr, logging records, its subprocesses'), in order,
+        bounded by ``max_run_output_bytes`` (its first and last halves, with a marker line between). A live
+        run's output grows about once a second. Raises :class:`NotFoundError` (field ``id``)."""
+        chunks, _running = ops.run_output(self._store, run_id)
+        return "".join(text for _, text in chunks)

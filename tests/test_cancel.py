@@ -8,18 +8,23 @@ process's supervisor killing a real process tree) on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 
 import pytest
 from clirun import Cli, error_line
-from conftest import add_job, isolated_database
+from conftest import FIXTURE_PLUGINS, add_job, isolated_database
+from fakes import FakePool
 from procs import serves
 from waiting import wait_gone, wait_until
 
 from mjsched_isolated import ops
 from mjsched_isolated.client import Client
+from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import InputError, NotFoundError
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor import Supervisor, manual
 
 YEARLY = "0 0 1 1 *"
 RENEW = {"lease_ttl_s": 2.0, "lease_renew_interval_s": 0.2, "rescan_interval_s": 0.2}
@@ -124,3 +129,32 @@ def test_cancel_from_another_process_kills_the_holders_process_tree(backend, tmp
             run = store.get_run(run_id)
             assert (run["status"], run["cancel_requested_by"]) == ("Cancelled", "ops@console")
             assert store.get_job("long")["failure_count"] == 0
+
+
+class CtrlCPool(FakePool):
+    """Ctrl-C (a real SIGINT to this process) once the run is under way, and again while the interrupted
+    run is being killed: the second press lands in the cleanup, as with two presses 10-50 ms apart."""
+
+    def wait(self, timeout_s, extra=()):
+        if self._held:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().wait(timeout_s, extra)
+
+    def kill(self, worker):
+        os.kill(os.getpid(), signal.SIGINT)
+        return super().kill(worker)
+
+
+def test_ctrl_c_twice_on_jobs_run_still_records_the_run_cancelled_and_frees_the_lease(mem_store, caplog):
+    store = mem_store
+    add_job(store, "j", "ok", YEARLY)
+    settings = Settings(database_url="sqlite://", plugins_dir=FIXTURE_PLUGINS, max_concurrent_jobs=1,
+                        instance="jobs-run-test")
+    pool = CtrlCPool(1, FIXTURE_PLUGINS)
+    pool.hold()
+    with pytest.raises(KeyboardInterrupt):
+        manual.run_now(Supervisor(settings, store, pool), store.get_job("j"), ready_timeout_s=5)
+    (run,) = store.list_runs(job_name="j")
+    assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
+    assert store.get_job("j")["lock_token"] is None
+    assert "1 more stop signal(s) while the interrupted run was being cancelled" in caplog.text

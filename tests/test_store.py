@@ -34,14 +34,16 @@ from mjsched_isolated.store import (
     NextDueJob,
     NotificationRow,
     OutboxRow,
+    PluginReloadRow,
     RecentFailure,
+    RunOutputRow,
     RunRow,
     RunView,
     Store,
     SupervisorRow,
     SupervisorStatus,
 )
-from mjsched_isolated.store.schema import jobs, notifications, runs, supervisors
+from mjsched_isolated.store.schema import jobs, notifications, plugin_reloads, run_output, runs, supervisors
 from mjsched_isolated.store.text import fit_json, fit_text
 
 UTC = dt.UTC
@@ -1337,7 +1339,8 @@ def _keys(row_type: type) -> set[str]:
 
 def test_column_rows_declare_exactly_their_tables_columns():
     for row_type, table in ((JobRow, jobs), (RunRow, runs), (SupervisorRow, supervisors),
-                            (NotificationRow, notifications)):
+                            (NotificationRow, notifications), (RunOutputRow, run_output),
+                            (PluginReloadRow, plugin_reloads)):
         assert _keys(row_type) == set(table.c.keys()), row_type.__name__
     assert _keys(OutboxRow) == set(notifications.c.keys()) - {
         "id", "status", "attempts", "next_attempt_at", "claimed_by", "claimed_until", "last_error", "created_at",

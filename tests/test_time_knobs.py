@@ -199,7 +199,7 @@ def test_supervisor_skips_an_occurrence_found_after_its_grace(mem_store, fake_fa
 # -- max_total_runtime_s ----------------------------------------------------------------------------------
 def test_heartbeats_never_extend_a_run_past_max_total_runtime_s(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "capped", "ok", YEARLY, max_total_runtime_s=2.0)
     add_job(store, "uncapped", "ok", YEARLY)
@@ -230,7 +230,7 @@ def test_the_cap_shortens_the_first_deadline_too(mem_store, fake_factory):
     assert planner.run_timeout_s({"max_runtime_minutes": 10, "max_total_runtime_s": 90.0}, 300.0) == 90.0
     assert planner.run_timeout_s({"max_total_runtime_s": 900.0}, 300.0) == 300.0  # a cap never lengthens
     store = mem_store
-    d = fake_factory(lease_timeout_s=5.0)
+    d = fake_factory(lease_timeout_s=5.0, kill_grace_s=0)  # SIGKILL at once (the grace: tests/test_kills.py)
     d.pool.hold()
     add_job(store, "short", "ok", YEARLY, max_total_runtime_s=1.5)
     at = d.timeline()

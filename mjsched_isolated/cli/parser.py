@@ -16,7 +16,7 @@ import typing
 from typing import Any, Literal
 
 from mjsched_isolated import config
-from mjsched_isolated.cli.commands import JOB, SETTING, jobs, runs, system
+from mjsched_isolated.cli.commands import JOB, SETTING, dashboard, jobs, runs, system
 from mjsched_isolated.cli.exits import Exit
 from mjsched_isolated.cron import (
     DEFAULT_DST_FOLD,
@@ -221,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
                          "it finished before the cancel took effect or is still running")
     _reads(rc, runs.cmd_cancel)
+    rlogs = runs_p.add_parser("logs", parents=[common], help="print what a run wrote (stdout, stderr, logging)",
+                              formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
+    rlogs.add_argument("id", type=int, help="the run's id")
+    rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "
@@ -252,11 +257,32 @@ def build_parser() -> argparse.ArgumentParser:
     pl = plugins.add_parser("list", parents=[common, as_json],
                             help="job types found, and modules that failed (exit 1 if any failed)")
     _reads(pl, system.cmd_plugins_list)
+    reload_p = plugins.add_parser("reload", parents=[common],
+                                  help="make every supervisor of the database load the plugin code on its disk; "
+                                       "workers are replaced as their runs end")
+    _reads(reload_p, system.cmd_plugins_reload)
     check = sub.add_parser("check", parents=[common, as_json],
                            help="validate the settings, import every plugin, check every job; exit 0 when all is well")
     check.add_argument("--jobs", metavar="FILE", dest=SETTING + "jobs_file", default=argparse.SUPPRESS,
                        help="also validate this TOML jobs file (default: the configured one)")
     _reads(check, system.cmd_check)
+
+    dash = sub.add_parser("dashboard", parents=[common], formatter_class=fmt,
+                          help="the web dashboard: jobs, runs, supervisors, live; run now, pause, resume, edit",
+                          description="Serve the web dashboard of the database until SIGTERM/SIGINT. Binds to "
+                                      "127.0.0.1 unless told; another address needs a dashboard password or "
+                                      "token (settings [dashboard], MJSCHED_DASHBOARD_*). Needs the dashboard "
+                                      "extra: pip install 'mjsched_isolated[dashboard]'.",
+                          epilog="examples:\n  mjsched dashboard --db sqlite:///mjsched.db\n"
+                                 "  MJSCHED_DASHBOARD_OPERATOR_PASSWORD=... mjsched dashboard --host 0.0.0.0\n"
+                                 "  mjsched dashboard --hash-password   # prints a hash for the settings file")
+    dash.add_argument("--host", dest=SETTING + "dashboard.host", default=argparse.SUPPRESS, metavar="HOST",
+                      help="address to listen on (default 127.0.0.1)")
+    dash.add_argument("--port", dest=SETTING + "dashboard.port", type=int, default=argparse.SUPPRESS, metavar="PORT",
+                      help="port to listen on (default 8520; 0: a free one, logged)")
+    dash.add_argument("--hash-password", action="store_true",
+                      help="read a password on stdin, print its scrypt hash for the settings, and exit")
+    _reads(dash, dashboard.cmd_dashboard)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", metavar="ACTION",
                                                                      required=True, parser_class=_Parser)

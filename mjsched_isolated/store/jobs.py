@@ -17,6 +17,7 @@ from mjsched_isolated.errors import InputError, NotFoundError
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.errors import is_constraint_violation
 from mjsched_isolated.store.outbox import insert_notices
+from mjsched_isolated.store.output import RunOutput
 from mjsched_isolated.store.predicates import lease_free
 from mjsched_isolated.store.records import JobRow, OutboxRow, Values
 from mjsched_isolated.store.schema import jobs, runs
@@ -96,6 +97,8 @@ class Jobs:
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
+            job_runs = sa.select(runs.c.id).where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name)))
+            RunOutput.delete_for_runs(conn, job_runs)
             conn.execute(runs.delete().where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
             if conn.execute(jobs.delete().where(jobs.c.name == name)).rowcount != 1:
                 raise NotFoundError("name", f"no job named {name!r}")
@@ -132,11 +135,15 @@ class Jobs:
         return conds
 
     def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()) -> list[JobRow]:
-        """Jobs with ``next_run_at <= now``, earliest first (an index range on ``(status, next_run_at)``).
+        """Jobs with ``next_run_at <= now`` (an index range on ``(status, next_run_at)``: the cost follows
+        the due jobs, not all jobs), fairest first: the oldest due occurrence first; among occurrences due at
+        the same instant, the job least recently run (never run first: ``last_run_at`` NULLS FIRST), then
+        by id. So when more jobs are due than there are slots, no job waits behind lower ids every time.
         A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
         ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
         query = (sa.select(jobs).where(*self._dispatchable(exclude), jobs.c.next_run_at <= now)
-                 .order_by(jobs.c.next_run_at, jobs.c.id).limit(limit))
+                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+                 .limit(limit))
         with self.engine.connect() as conn:
             return _job_rows(conn.execute(query))
 

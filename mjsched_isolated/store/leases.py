@@ -16,8 +16,15 @@ judged by its row count**, never read-then-write, and expiry is judged by the **
 * :meth:`Leases.finish_run` - terminal run row, then statistics (which never touch lease columns), then a
   token-checked release, in one transaction.
 
-Run timestamps (``started_at``, ``completed_at``, ``last_run_at``) are written by the database clock, so
-the records of every supervisor share one time base and follow the order in which leases serialised them.
+Run timestamps share one time base, the database clock, and follow the order in which leases serialised
+them: ``started_at`` is the database's now read in the claiming transaction after the leases were judged
+(never before the caller's ``not_before``); ``completed_at`` and ``last_run_at`` are the instant the run
+ended as the supervisor saw it (database time: local time plus the measured offset), so a result written
+late (an outage, a batch) keeps its true end; without one given, the database's now at the write.
+
+Hot path (issue 11): the statements a run needs are built once per dialect (:class:`_Statements`) and
+executed with bound parameters, and :meth:`Leases.claim_many` / :meth:`Leases.finish_runs` take a whole
+poll's claims, or a whole wait's results, in one transaction.
 """
 
 from __future__ import annotations
@@ -82,10 +89,12 @@ class _Statements:
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
         now = schema.db_now(dialect)
+        self.db_now = sa.select(now)
         self._claims: dict[tuple[bool, bool, bool, bool], sa.Update] = {}
         self.insert_run = runs.insert().values(
             job_id=sa.bindparam("p_job_id"), scheduled_at=sa.bindparam("p_scheduled_at", type_=schema.UTCDateTime),
-            started_at=now, status=RunStatus.RUNNING, executed_by_instance=sa.bindparam("p_instance"),
+            started_at=sa.bindparam("p_started_at", type_=schema.UTCDateTime), status=RunStatus.RUNNING,
+            executed_by_instance=sa.bindparam("p_instance"),
             lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
             queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime))
         completed = sa.bindparam("p_completed_at", type_=schema.UTCDateTime)
@@ -205,40 +214,61 @@ class Leases:
                                only_free_lease)
         return self.claim_many([request], now=now, instance=instance)[0]
 
-    def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str) -> list[Claim | None]:
+    def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
+                   not_before: dt.datetime | None = None) -> list[Claim | None]:
         """Claim several occurrences in ONE transaction (issue 11: one commit for a whole poll's worth), each
         judged by its own row count exactly as :meth:`claim` judges one: a request that lost (lease held,
         occurrence already claimed) gets None and writes nothing; the others get their :class:`Claim`.
-        Returns one entry per request, in order. If the unique index on ``runs(job_id, scheduled_at)``
+        Returns one entry per request, in order. The runs' ``started_at`` is the database's now, read once
+        after every lease was judged, but not before ``not_before`` (the caller's instant that judged the
+        occurrences due: a database clock a little behind it must not record a run as started before its
+        scheduled instant). If the unique index on ``runs(job_id, scheduled_at)``
         refuses a row, the batch is rolled back and the requests are claimed one transaction each, so only
         the refused one is lost."""
         if not requests:
             return []
         try:
             with self.engine.begin() as conn:
-                return [self._claim_on(conn, r, now, instance) for r in requests]
+                tokens = [self._take_occurrence(conn, r, now, instance) for r in requests]
+                won = [t is not False for t in tokens]
+                if not any(won):
+                    return [None] * len(requests)
+                # the database's now, read after every lease was judged: in the records a run never starts
+                # before the run whose lease it took ended
+                started_at = conn.execute(self._stmts.db_now).scalar_one()
+                if not_before is not None and started_at < not_before:
+                    started_at = not_before
+                return [self._insert_run(conn, r, t, started_at, instance) if w else None
+                        for r, t, w in zip(requests, tokens, won, strict=True)]
         except sa.exc.IntegrityError:
             if len(requests) == 1:
                 job = requests[0].job
                 log.warning("job %s: occurrence %s already has a run; claim refused by the unique index",
                             job["name"], job["next_run_at"])
                 return [None]
-        return [self.claim_many([r], now=now, instance=instance)[0] for r in requests]
+        return [self.claim_many([r], now=now, instance=instance, not_before=not_before)[0] for r in requests]
 
-    def _claim_on(self, conn: sa.Connection, r: ClaimRequest, now: dt.datetime, instance: str) -> Claim | None:
+    def _take_occurrence(self, conn: sa.Connection, r: ClaimRequest, now: dt.datetime,
+                         instance: str) -> str | bool | None:
+        """The compare-and-set of one request: its lease token (None: a claim without a lease), or False if
+        it lost."""
         token = uuid.uuid4().hex if r.take_lease else None
         seen = r.job["next_run_at"]
         params: dict[str, Any] = {"p_job_id": r.job["id"], "p_seen": seen, "p_next_run_at": r.next_run_at,
                                   "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
                                   "p_lease_s": r.lease_s}
         stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None)
-        if conn.execute(stmt, params).rowcount != 1:
-            return None
+        return token if conn.execute(stmt, params).rowcount == 1 else False
+
+    def _insert_run(self, conn: sa.Connection, r: ClaimRequest, token: str | bool | None, started_at: dt.datetime,
+                    instance: str) -> Claim:
+        lock_token = token if isinstance(token, str) else None
         key = conn.execute(self._stmts.insert_run, {
-            "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance, "p_token": token,
-            "p_deadline_at": r.deadline_at, "p_queued_at": r.queued_at}).inserted_primary_key
+            "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
+            "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
+            "p_queued_at": r.queued_at}).inserted_primary_key
         assert key is not None  # an INSERT of one row always has one
-        return Claim(run_id=int(key[0]), lock_token=token)
+        return Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat: move run ``run_id``'s deadline to ``deadline_at`` and, if ``token`` still holds the
@@ -378,12 +408,12 @@ class Leases:
         # claim came after that moment, so the records never show the two runs overlapping
         expired = run["holder_expired_at"]
         ended = min(run["db_now"], expired) if expired else run["db_now"]
+        duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)  # as completed - started
         with self.engine.begin() as conn:
             if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == RunStatus.RUNNING)
                                 .values(status=RunStatus.FAILED, success=False, completed_at=ended,
-                                        error_message=run["error_message"])).rowcount:
+                                        error_message=run["error_message"], duration_ms=duration_ms)).rowcount:
                 return False
-            duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)
             conn.execute(self._stmts.stats_with_duration, {"p_job_id": run["job_id"], "p_successes": 0,
                                                            "p_failures": 1, "p_duration_ms": duration_ms,
                                                            "p_completed_at": ended})

@@ -1,7 +1,8 @@
 """The rows the store hands out and takes in, as ``TypedDict`` s keyed by column name, so a type checker
 checks their keys where they cross module lines. At run time each is a plain ``dict``.
 
-Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`) have
+Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`,
+:class:`RunOutputRow`, :class:`PluginReloadRow`) have
 exactly the columns of their table in :mod:`mjsched_isolated.store.schema` (a test compares them). View
 rows add joined columns (``job_name``) or are projections for ``status``. Datetimes are aware UTC;
 ``status``, ``concurrency_mode``, ``missed_run_policy``, ``event`` and ``priority`` hold the stored text of
@@ -20,10 +21,12 @@ Values = dict[str, Any]
 
 
 class Claim(msgspec.Struct, frozen=True):
-    """A won occurrence: the run row's id and the lease token it runs under (None without a lease)."""
+    """A won occurrence: the run row's id, the lease token it runs under (None without a lease) and its
+    ``started_at`` (database time, read in the claiming transaction after its lease was judged)."""
 
     run_id: int
     lock_token: str | None
+    started_at: dt.datetime | None = None
 
 
 class JobRow(TypedDict):
@@ -115,6 +118,23 @@ class AbandonedRun(RunRow):
     notify_recipients: str | None
 
 
+class RunOutputRow(TypedDict):
+    """A ``run_output`` row: one chunk (``seq`` from 0, in order) of a run's captured output."""
+
+    run_id: int
+    seq: int
+    data: str
+    created_at: dt.datetime
+
+
+class PluginReloadRow(TypedDict):
+    """A ``plugin_reloads`` row: one ``plugins reload`` request (database time, and who asked)."""
+
+    id: int
+    requested_at: dt.datetime
+    requested_by: str
+
+
 class SupervisorRow(TypedDict):
     """A ``supervisors`` row: one supervisor process's liveness lease."""
 
@@ -193,3 +213,18 @@ class RecentFailure(TypedDict):
     status: str
     completed_at: dt.datetime | None
     error_message: str | None
+
+
+class AuditRow(TypedDict):
+    """An ``audit_log`` row: one dashboard action. ``outcome`` is ``ok``, ``refused`` or ``error``;
+    ``details`` is JSON text (the action's arguments, or the error's one line)."""
+
+    id: int
+    at: dt.datetime
+    actor: str
+    role: str
+    action: str
+    target: str | None
+    outcome: str
+    details: str | None
+    remote_addr: str | None

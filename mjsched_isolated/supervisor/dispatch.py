@@ -33,6 +33,11 @@ log = logging.getLogger("mjsched.supervisor")
 SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
 
 
+def job_types(worker: Any) -> set[str]:
+    """The job types ``worker`` loaded (empty until it is ready)."""
+    return set() if worker.ready is None else {p.job_type for p in worker.ready.plugins}
+
+
 class Dispatcher:
     """Decides due jobs and starts runs into ``inflight`` (the supervisor's dict, run id -> InFlight)."""
 
@@ -48,6 +53,9 @@ class Dispatcher:
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
         self.next_rescan_at: dt.datetime | None = None
+        # how many results wait to be recorded (database unreachable): their slots still count as taken
+        self.unrecorded: Callable[[], int] = lambda: 0
+        self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -56,14 +64,7 @@ class Dispatcher:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
         self.advice.warn_high_frequency(now)
-        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
-            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
-                notices.for_abandoned(run), self.settings.notifications.channels()))
-        if abandoned:
-            self.wake_sender()
-        for run in abandoned:
-            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
-                      extra={"job": run["job_name"], "run_id": run["id"]})
+        self.abandon_orphans(now)
         for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
             if job["id"] not in self.bad_jobs:
                 self._repair_unreadable(job, now)
@@ -81,75 +82,108 @@ class Dispatcher:
                          "none (end_at passed; status Expired)")
 
     # -- due jobs -------------------------------------------------------------------------------------
+    def abandon_orphans(self, now: dt.datetime) -> None:
+        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices."""
+        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
+        if abandoned:
+            self.wake_sender()
+        for run in abandoned:
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
+
     def dispatch_due(self, now: dt.datetime) -> None:
-        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
-        *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
-        alone), then handed to its worker. Does not wait for runs."""
+        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. A run goes to an idle
+        worker that has its job type (workers of two plugin generations may differ); a job whose type only
+        busy workers have waits for one. Every job decided *run* in this poll is claimed in ONE transaction
+        (``Store.claim_many``; each claim is still judged alone), then handed to its worker. Does not wait
+        for runs."""
+        self.waiting_for_worker.clear()
         idle = self.pool.idle_workers()
+        # a result not yet recorded still holds its job's lease and its place under the cap: a worker
+        # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
+        free = self.pool.size - len(self.inflight) - self.unrecorded()
+        del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
-        known = {p.job_type for p in self.pool.last_ready.plugins}
+        # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
+        # while serving, a reload in progress); a run goes to a worker that has its type
+        known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
+                 for p in w.ready.plugins}
+        types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
             if not idle:
                 break
-            decided, next_run_at = self._decide(job, known, now)
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None and job["job_type"] in known:  # only a busy worker has it: wait for one
+                self.waiting_for_worker.add(job["id"])
+                continue
+            decided, next_run_at, job = self._decide(job, known, now)
             if decided:
-                to_run.append((job, next_run_at, idle.pop()))
+                worker = worker or idle[-1]
+                idle.remove(worker)
+                to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
-        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        if not self.pool.idle_workers():
+            return None
+        return self.store.next_due_at(set(self.bad_jobs) | self.waiting_for_worker)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
-        decided, next_run_at = self._decide(job, known, now)
+        decided, next_run_at, job = self._decide(job, known, now)
         return decided and self._claim_batch([(job, next_run_at, worker)], now) == 1
 
-    def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None]:
-        """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it)."""
+    def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None, JobRow]:
+        """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it, the
+        job as it is to be claimed: a RunAll catch-up cut to its backlog claims its oldest kept occurrence)."""
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
-            return self._repair_unreadable(job, now), None
+            return self._repair_unreadable(job, now), None, job
         if planner.expired(job, now):
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
                             job["name"], iso(job["end_at"]), iso(seen))
-            return False, None
+            return False, None, job
         try:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
-                return self._reschedule(job, planner.initial_next_run_at(job, now), now), None
+                return self._reschedule(job, planner.initial_next_run_at(job, now), now), None, job
             decision = planner.decide(job, now, self.settings.max_catchup_runs)
         except SCHEDULE_ERRORS as exc:  # one bad job must not stop the poll
             self._mark_bad(job, str(exc))
-            return False, None
+            return False, None, job
         next_run_at = decision.next_run_at
         if decision.run and decision.scheduled_at is not None:  # RunAll's backlog cut: drop the older ones
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); catching up "
                    f"from {iso(decision.scheduled_at)}, which runs now")
             if not self._skip(job, seen, decision.scheduled_at, now, "backlog", "Missed", why):
-                return False, None
-            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide): the row,
-            job["next_run_at"] = seen  # read for this poll, now says what the claim expects to find
+                return False, None, job
+            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
+            job = job.copy()
+            job["next_run_at"] = seen
         if decision.deferred:  # a RunOnce catch-up spread by max_jitter_s (planner.decide): not a skip
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now):
                 log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
                          iso(next_run_at), extra=log_ctx(job))
-            return False, None
+            return False, None, job
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
-            return False, None
+            return False, None, job
         if job["job_type"] not in known:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
                 self.metrics.occurrence_skipped("job_type_unavailable")
                 log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
                           job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
-            return False, None
-        return True, next_run_at
+            return False, None, job
+        return True, next_run_at, job
 
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
@@ -204,7 +238,7 @@ class Dispatcher:
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
                 queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
                 status="Expired" if next_run_at is None and scheduled_at is not None else None))
-        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance)
+        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
                                                                              strict=True):
@@ -216,6 +250,7 @@ class Dispatcher:
                    timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
+        flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
@@ -226,7 +261,7 @@ class Dispatcher:
         except OSError:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
-        self.metrics.run_started((now - scheduled_at).total_seconds() if scheduled_at else None)
+        self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
         if log.isEnabledFor(logging.INFO):
             log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,

@@ -30,10 +30,19 @@ class InFlight:
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
+        self.kill_at: dt.datetime | None = None  # past its deadline, sent SIGTERM: SIGKILL at this time
         self.scheduled_at: dt.datetime | None = None
+        self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
+        self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients")}
+
+    @property
+    def wake_at(self) -> dt.datetime:
+        """When the supervisor must act on this run next: its deadline, or once it was sent SIGTERM, the
+        end of its grace."""
+        return self.deadline if self.kill_at is None else self.kill_at
 
     def shift(self, by: dt.timedelta) -> None:
         """Move every instant of the run by ``by`` (a time jump: the run keeps the time it had left)."""
@@ -41,6 +50,8 @@ class InFlight:
         self.started_at += by
         if self.hard_deadline is not None:
             self.hard_deadline += by
+        if self.kill_at is not None:
+            self.kill_at += by
         if self.last_extended is not None:
             self.last_extended += by
 

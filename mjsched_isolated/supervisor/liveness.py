@@ -9,6 +9,12 @@ Fencing: the lease is counted as valid locally only until ``FENCE_FRACTION`` of 
 after that start, so a supervisor that cannot renew stops its own runs before anyone else may take them.
 The renewal also measures the database clock's offset from the local one, so scheduling decisions use
 database time even on a machine whose clock is wrong.
+
+``serve`` renews from a thread of its own (:class:`Renewer`), so a slow poll (a database 0.6 s away, a
+large backlog) can never starve the renewal and fence the supervisor's own runs (issue 12). The thread
+only renews and publishes (``valid_until``, ``db_offset``, the workers' ``fence_at``); fencing and
+cancelling stay in the loop, which acts on each new renewal at its next step. Manual runs and the tests'
+driver renew inline (:meth:`Liveness.maintain` from the loop), with time passed in.
 """
 
 from __future__ import annotations
@@ -17,16 +23,19 @@ import datetime as dt
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.trouble import Trouble, is_read_only_error
 
 log = logging.getLogger("mjsched.liveness")
 
 FENCE_FRACTION = 0.8
 RETRY_S = 1.0
+DB_CLOCK_RESOLUTION = dt.timedelta(milliseconds=1)  # SQLite's strftime('%f') reads whole milliseconds
 
 
 class Liveness:
@@ -44,9 +53,9 @@ class Liveness:
         self.valid_until = float("-inf")  # monotonic
         self.next_renew = 0.0  # monotonic
         self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
-        self._offset_measured = False
         self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
+        self.trouble = Trouble(log, f"supervisor {instance}: lease renewal")  # logged once, then counted
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
 
@@ -74,12 +83,15 @@ class Liveness:
                 db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
                 self.registered = True
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
+            reason = _short(exc)
+            if is_read_only_error(exc):
+                reason = f"the database refuses writes (read-only): {reason}"
             if self.on_renewal is not None:
-                self.on_renewal(_short(exc))
+                self.on_renewal(reason)
             if self.failing_since is None:
                 self.failing_since = mono
-                log.warning("supervisor %s: lease renewal failed (%s); retrying every %.0f s, fencing in %.1f s",
-                            self.instance, _short(exc), RETRY_S, max(0.0, self.valid_until - mono))
+            self.trouble.failed(reason, mono, f"; retrying every {RETRY_S:.0f} s, fencing in "
+                                              f"{max(0.0, self.valid_until - mono):.1f} s")
             self.next_renew = mono + RETRY_S
             return False
         if self.on_renewal is not None:
@@ -94,25 +106,24 @@ class Liveness:
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:
-            log.warning("supervisor %s: lease renewed again after %.1f s", self.instance, mono - self.failing_since)
+            log.warning("supervisor %s: lease renewed again after %.1f s (%d failed tries)", self.instance,
+                        mono - self.failing_since, self.trouble.reset())
             self.failing_since = None
         return True
 
     def _measure_offset(self, db_now: dt.datetime, local_before: dt.datetime, elapsed_s: float) -> None:
         """The database read ``db_now`` somewhere within the round trip, so the true offset lies in
-        ``[db_now - local_after, db_now - local_before]``. The first measurement takes that interval's
-        middle; later ones move the estimate only when it falls outside, and then only to the interval's
-        nearest bound (the smallest move the measurement proves). So a slow renewal (a lock wait, a stalled
-        server) widens the interval and leaves a good estimate alone instead of shifting it by up to half
-        the round trip, which the supervisor would take for a clock jump; a real step of either clock moves
-        it at the next renewal, to within that renewal's round trip."""
-        latest = db_now - local_before  # the database read its clock no earlier than local_before
-        earliest = latest - dt.timedelta(seconds=elapsed_s)
-        if not self._offset_measured:
-            self.db_offset = earliest + (latest - earliest) / 2
-        elif not earliest <= self.db_offset <= latest:
-            self.db_offset = min(max(self.db_offset, earliest), latest)
-        self._offset_measured = True
+        ``[db_now - local_after, db_now - local_before]`` (widened by ``DB_CLOCK_RESOLUTION``: SQLite's
+        clock has millisecond steps). The estimate is the point of that interval nearest to the previous
+        estimate, starting from 0: so a database on this machine's clock (a SQLite file) measures exactly
+        0 however slow the round trip, instead of half the round trip, which made runs start up to 18 ms
+        early (issue 11: a cron run must never start before its instant); a slow renewal (a lock wait, a
+        stalled server) widens the interval and leaves a good estimate alone; a real step of either clock
+        moves it at the next renewal, to within that renewal's round trip. The offset is thus never more
+        than the round trip that measured it away from the smallest offset the measurement proves."""
+        latest = db_now - local_before + DB_CLOCK_RESOLUTION  # the database read no earlier than local_before
+        earliest = db_now - local_before - dt.timedelta(seconds=elapsed_s)
+        self.db_offset = min(max(self.db_offset, earliest), latest)
 
     def stop(self) -> None:
         """End the lease now (clean shutdown), so other supervisors need not wait for it."""
@@ -124,3 +135,50 @@ class Liveness:
             log.warning("supervisor %s: could not mark itself stopped (%s); its lease will expire", self.instance,
                         _short(exc))
 
+
+
+class Renewer:
+    """Renews ``liveness`` on a daemon thread whenever due (its own database connection from the engine's
+    pool), so renewals never wait behind the loop's database work. ``on_renewed()`` is called on that
+    thread after each successful renewal (publish ``fence_at``, wake the loop). :attr:`renewals` counts
+    them: the loop compares it with what it saw to run its post-renewal checks (fences, cancels)."""
+
+    def __init__(self, liveness: Liveness, on_renewed: Callable[[], None]) -> None:
+        self.liveness = liveness
+        self.on_renewed = on_renewed
+        self.renewals = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mjsched-liveness", daemon=True)
+
+    def start(self) -> Renewer:
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Renew now (``liveness.next_renew`` was moved, e.g. after a clock jump)."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop renewing (before ``liveness.stop()``, so no renewal follows the clean stop)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            mono = time.monotonic()
+            if self.liveness.due(mono):
+                try:
+                    renewed = self.liveness.maintain(mono)
+                except Exception:  # never let the renewal thread die: log and keep going
+                    log.exception("supervisor %s: renewal thread error", self.liveness.instance)
+                    renewed = False
+                    self.liveness.next_renew = time.monotonic() + RETRY_S
+                if renewed:
+                    self.renewals += 1
+                    self.on_renewed()
+                continue
+            self._wake.wait(max(0.0, self.liveness.next_renew - mono))
+            self._wake.clear()

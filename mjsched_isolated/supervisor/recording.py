@@ -22,6 +22,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.logs import one_line
 from mjsched_isolated.store import Store, is_permanent_error
+from mjsched_isolated.store.leases import Outcome
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.metrics import Metrics
 
@@ -37,35 +38,67 @@ class Recorder:
         self.store = store
         self.metrics = metrics
         self.wake_sender = wake_sender
-        self.pending: list[tuple[InFlight, dict]] = []  # outcomes not yet recorded (database unreachable)
+        self.pending: list[tuple[InFlight, Outcome]] = []  # outcomes not yet recorded (database unreachable)
 
     def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                error_message: str | None = None, details: dict | None = None, count: bool = True,
                notification: protocol.NoticeText | None = None) -> None:
         """Write the run's terminal ``status`` (Completed, Failed, Timeout, Cancelled), the job's statistics
         (unless ``count`` is False: a cancelled run does not count), the lease release and its notices, in
-        one transaction. ``duration_ms`` is ``now - started_at``, as the reference's ``completed_at -
-        started_at``. ``notification``: the plugin's formatted notice. Never raises: an unreachable
-        database keeps the outcome in :attr:`pending`."""
-        notice = notices.for_run(flight.job, flight.run_id, status=status, error_message=error_message,
-                                 text=notification, scheduled_at=flight.scheduled_at)
-        rows = notices.outbox_rows(notice, self.settings.notifications.channels())
-        outcome = {"status": status, "success": success, "error_message": error_message, "details": details,
-                   "count": count, "duration_ms": max(0.0, (now - flight.started_at).total_seconds() * 1000),
-                   "notices": rows}
-        if not self._store_outcome(flight, outcome):
-            self.pending.append((flight, outcome))
-            log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",
-                        flight.run_id, flight.job_name, status, extra=log_ctx(flight))
+        one transaction. ``now`` (database time) is when the run ended: its ``completed_at`` even when the
+        write happens later (an outage), never before its ``started_at``; ``duration_ms`` is ``completed_at
+        - started_at``, as the reference's. ``notification``: the plugin's formatted notice. Never raises:
+        an unreachable database keeps the outcome in :attr:`pending`."""
+        self.record_many([(flight, self.outcome(flight, now, status=status, success=success,
+                                                error_message=error_message, details=details, count=count,
+                                                notification=notification))])
+
+    def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
+                error_message: str | None = None, details: dict | None = None, count: bool = True,
+                notification: protocol.NoticeText | None = None) -> Outcome:
+        """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there)."""
+        rows = (notices.outbox_rows(notices.for_run(flight.job, flight.run_id, status=status,
+                                                    error_message=error_message, text=notification,
+                                                    scheduled_at=flight.scheduled_at),
+                                    self.settings.notifications.channels())
+                if self.settings.notifications.channels() else [])
+        completed_at = max(now, flight.recorded_start)
+        return Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
+                       (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at)
+
+    def record_many(self, items: list[tuple[InFlight, Outcome]]) -> None:
+        """Record several outcomes (results that arrived together) in one transaction (group commit), behind
+        any still pending ones. Never raises: what cannot be written yet stays in :attr:`pending`."""
+        if not items:
+            return
+        self.pending.extend(items)
+        self.retry_pending()
+        waiting = {id(outcome) for _, outcome in self.pending}
+        for flight, outcome in items:
+            if id(outcome) in waiting:
+                log.warning("run %d of job %s: %s not recorded yet (database unreachable); will retry",
+                            flight.run_id, flight.job_name, outcome.status, extra=log_ctx(flight))
 
     def retry_pending(self) -> None:
-        """Record outcomes that arrived while the database was unreachable, oldest first; stops at the
-        first that still cannot be written."""
-        while self.pending:
-            flight, outcome = self.pending[0]
-            if not self._store_outcome(flight, outcome):
-                return
-            self.pending.pop(0)
+        """Record outcomes that arrived while the database was unreachable, oldest first, in one transaction;
+        if that fails for a refused row, one at a time, stopping at the first that cannot be written."""
+        if not self.pending:
+            return
+        batch = list(self.pending)
+        try:
+            recorded = self.store.finish_runs([outcome for _, outcome in batch])
+        except Exception as exc:  # noqa: BLE001 - an outage keeps them; a refused row is found one by one
+            if len(batch) > 1 and is_permanent_error(exc):
+                while self.pending and self._store_outcome(*self.pending[0]):
+                    self.pending.pop(0)
+            elif len(batch) == 1 and self._store_outcome(*batch[0], error=exc):
+                self.pending.pop(0)
+            else:
+                log.debug("recording %d outcome(s) failed: %s", len(batch), _short(exc))
+            return
+        del self.pending[:len(batch)]
+        for (flight, outcome), done in zip(batch, recorded, strict=True):
+            self._after(flight, outcome, done)
 
     def give_up(self) -> None:
         """Drop the unrecorded outcomes (a shutdown past its bound), saying which runs they were."""
@@ -75,32 +108,46 @@ class Recorder:
                       ", ".join(str(f.run_id) for f, _ in self.pending))
             self.pending.clear()
 
-    def _store_outcome(self, flight: InFlight, outcome: dict, *, refused: bool = False) -> bool:
-        """False if the database could not be reached (the caller keeps the outcome for later).
-        ``refused``: this is the second try, without the plugin's text, of an outcome the database refused."""
-        status, error_message, duration_ms = outcome["status"], outcome["error_message"], outcome["duration_ms"]
-        try:
-            recorded = self.store.finish_run(flight.run_id, flight.job_id, flight.token, **outcome)
-        except Exception as exc:  # noqa: BLE001 - any failure to record keeps the outcome (or retries it bare)
-            if is_permanent_error(exc) and not refused:
-                log.error("run %d of job %s: the database refused its result (%s); recording %s without the "
-                          "plugin's message, details and notices", flight.run_id, flight.job_name, _short(exc),
-                          status, extra=log_ctx(flight))
-                outcome.update(details=None, notices=[], error_message=(
-                    f"result refused by the database ({_short(exc, 300)}); the run ended {status}"))
-                return self._store_outcome(flight, outcome, refused=True)
-            log.debug("run %d: recording failed: %s", flight.run_id, _short(exc), extra=log_ctx(flight))
-            return False
+    def _store_outcome(self, flight: InFlight, outcome: Outcome, *, error: Exception | None = None) -> bool:
+        """Write one outcome alone. False if the database could not be reached (the caller keeps it).
+        ``error``: the failure of a first try already made; a refused outcome is recorded once more
+        without the plugin's message, details and notices, never retried forever."""
+        for attempt in (0, 1):
+            if error is None:
+                try:
+                    done = self.store.finish_runs([outcome])[0]
+                except Exception as exc:  # noqa: BLE001 - judged below
+                    error = exc
+                else:
+                    self._after(flight, outcome, done)
+                    return True
+            if attempt == 1 or not is_permanent_error(error):
+                log.debug("run %d: recording failed: %s", flight.run_id, _short(error), extra=log_ctx(flight))
+                return False
+            log.error("run %d of job %s: the database refused its result (%s); recording %s without the "
+                      "plugin's message, details and notices", flight.run_id, flight.job_name, _short(error),
+                      outcome.status, extra=log_ctx(flight))
+            outcome.details, outcome.notices = None, []
+            outcome.error_message = (f"result refused by the database ({_short(error, 300)}); "
+                                     f"the run ended {outcome.status}")
+            error = None
+        return False
+
+    def _after(self, flight: InFlight, outcome: Outcome, recorded: bool) -> None:
+        """Metrics, the sender's wake-up and the log line of one outcome once its transaction committed."""
+        status = outcome.status
         if not recorded:
             log.warning("run %d of job %s: result %s not recorded: its run row is no longer Running (abandoned by "
                         "another supervisor, or its job was removed)",
                         flight.run_id, flight.job_name, status, extra=log_ctx(flight))
-            return True
+            return
+        duration_ms = outcome.duration_ms or 0.0
         self.metrics.run_finished(flight.job_type, status, duration_ms / 1000)
-        if outcome["notices"]:
+        if outcome.notices:
             self.wake_sender()
         level = logging.INFO if status == "Completed" else logging.ERROR
-        log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
-                duration_ms, f": {one_line(error_message)}" if error_message and status != "Completed" else "",
-                extra=log_ctx(flight))
-        return True
+        if log.isEnabledFor(level):
+            error_message = outcome.error_message
+            log.log(level, "run %d finished: job %s %s in %.0f ms%s", flight.run_id, flight.job_name, status,
+                    duration_ms, f": {one_line(error_message)}" if error_message and status != "Completed" else "",
+                    extra=log_ctx(flight))

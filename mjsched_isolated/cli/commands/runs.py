@@ -1,8 +1,9 @@
-"""``mjsched runs ...``: list, show, cancel, prune."""
+"""``mjsched runs ...``: list, show, cancel, logs, prune."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from mjsched_isolated import ops
@@ -81,6 +82,24 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if args.wait is not None and row["status"] != "Cancelled":
         return Exit.FAILED
     return Exit.OK
+FOLLOW_POLL_S = 1.0  # the worker sends a live run's output about once a second
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the run's output in order; with ``--follow``, keep printing until the run has ended."""
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    with open_store(args) as store:
+        after = -1
+        while True:
+            chunks, running = ops.run_output(store, args.id, after)
+            for seq, text in chunks:
+                sys.stdout.write(text)
+                after = seq
+            sys.stdout.flush()
+            if not (args.follow and running):
+                return Exit.OK
+            time.sleep(FOLLOW_POLL_S)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

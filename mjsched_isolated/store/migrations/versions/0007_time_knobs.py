@@ -1,7 +1,7 @@
 """time knobs: jobs.dst_gap_policy, jobs.dst_fold_policy, jobs.missed_run_grace_s, jobs.max_total_runtime_s
 
 Revision ID: 0007
-Revises: 0003
+Revises: 0006
 Create Date: 2026-12-02
 
 Existing jobs get the rules they had: dst_gap_policy 'Shift', dst_fold_policy 'OnceIfFixedHour' (the
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0003"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
