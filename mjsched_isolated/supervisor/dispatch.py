@@ -186,6 +186,11 @@ class Dispatcher:
             seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
             job = job.copy()
             job["next_run_at"] = seen
+        if decision.deferred:  # a RunOnce catch-up spread by max_jitter_s (planner.decide): not a skip
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now):
+                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
+                         iso(next_run_at), extra=log_ctx(job))
+            return False, None, job
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
