@@ -19,7 +19,6 @@ from waiting import wait_until
 from mjsched_isolated import planner
 
 
-@pytest.mark.timeout(10)
 @pytest.mark.parametrize("text, field", [
     ('jobs = "ten"', "jobs:"),
     ("jobs = 0", "jobs:"),
@@ -37,7 +36,6 @@ def test_workload_errors_name_the_field(text, field):
     assert str(info.value).startswith(field)
 
 
-@pytest.mark.timeout(10)
 def test_shipped_workloads_load_and_apportion():
     for path in (Path(__file__).resolve().parent.parent / "benchmarks" / "workloads").glob("*.toml"):
         wl.load(path)
@@ -48,7 +46,6 @@ def test_shipped_workloads_load_and_apportion():
     assert specs == wl.job_specs(w)  # seeded
 
 
-@pytest.mark.timeout(10)
 def test_metrics_on_hand_made_runs():
     specs = [{"name": "a", "kind": "ok", "cron_expression": "* * * * * *"},
              {"name": "h", "kind": "hang", "cron_expression": "* * * * * *"}]
@@ -73,7 +70,6 @@ def _small(**over):
     return msgspec.structs.replace(w, **over)
 
 
-@pytest.mark.timeout(10)
 @pytest.mark.parametrize("mode, policy", [("Skip", "RunOnce"), ("Queue", "RunOnce"), ("Concurrent", "Skip")])
 def test_simulator_is_deterministic_and_fast_path_matches_planner_decide(mode, policy):
     w = _small(concurrency_mode=mode, missed_run_policy=policy)
@@ -87,7 +83,6 @@ def test_simulator_is_deterministic_and_fast_path_matches_planner_decide(mode, p
     assert runs[0] and runs[0] == runs[1] == runs[2]
 
 
-@pytest.mark.timeout(10)
 def test_simulator_calls_the_engines_planner(monkeypatch):
     calls = {"decide_missed_run": 0, "run_timeout_s": 0, "decide": 0}
     for name in calls:
@@ -106,7 +101,6 @@ def test_simulator_calls_the_engines_planner(monkeypatch):
 
 # ---------------------------------------------------------------- compare.py (side by side)
 
-@pytest.mark.timeout(10)
 def test_compare_window_counts_starts_after_the_first_run_and_cpu_is_interpolated_at_its_edges():
     t = 1_800_000_000.0
     runs = [{"job": f"j{i % 3}", "scheduled_at": t + i // 3, "exec_at": t + 0.5 + 0.1 * i,
@@ -124,7 +118,6 @@ def test_compare_window_counts_starts_after_the_first_run_and_cpu_is_interpolate
         compare.window([], 1.0, 2.0)
 
 
-@pytest.mark.timeout(10)
 def test_compare_table_gives_median_min_max_load_per_row_and_the_ratio():
     rows = [{"engine": e, "backend": "sqlite", "cap": 10, "supervisors": 1, "runs_per_s": v, "done_per_s": v,
              "sup_ms_per_run": 1.0, "wrk_ms_per_run": 0.5, "late_p50_ms": 3.0, "busy_pct": 90.0, "dup": 0,
@@ -201,7 +194,6 @@ def test_compare_fleet_prediction_scales_with_supervisors_until_the_demand():
     assert 110 <= pred[4] <= 121  # 120 jobs every second: the demand, not 200
 
 
-@pytest.mark.timeout(10)
 def test_idle_burst_lateness_is_that_of_the_last_run_of_each_instant():
     import idle
     t = 1_800_000_000.0

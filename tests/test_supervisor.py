@@ -272,7 +272,6 @@ def test_queue_mode_runs_the_pending_occurrence_when_the_live_run_ends(mem_store
     runs = _ordered(store, "q")
     assert runs[1]["scheduled_at"] == waiting and runs[1]["queued_at"] == waiting
     assert runs[0]["status"] == "Completed" and runs[0]["completed_at"] <= runs[1]["started_at"]
-    assert runs[1]["started_at"] - runs[0]["completed_at"] < dt.timedelta(seconds=0.5)
     assert store.get_job("q")["skipped_count"] == 0
 
 
