@@ -35,6 +35,7 @@ NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
 NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
 LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
+NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0009
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -144,6 +145,8 @@ def without_0002(reflected: dict) -> dict:
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
                                                if k not in NEW_RUN_COLUMNS},
                    "indexes": [i for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"]}
+    out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
+                                                             if k not in NEW_SUPERVISOR_COLUMNS}}
     return out
 
 

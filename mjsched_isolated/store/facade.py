@@ -224,9 +224,11 @@ class Store:
         return self.leases.abandon_orphaned_runs(exclude_run_ids, notices_for)
 
     # -- supervisors (:mod:`.supervisors`) ---------------------------------------------------------
-    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,
+                            max_concurrent_jobs: int | None = None, version: str | None = None) -> dt.datetime:
         """Insert or reset ``instance``'s liveness row (:meth:`Supervisors.register_supervisor`)."""
-        return self.supervisors.register_supervisor(instance, hostname, pid, ttl_s)
+        return self.supervisors.register_supervisor(instance, hostname, pid, ttl_s,
+                                                    max_concurrent_jobs=max_concurrent_jobs, version=version)
 
     def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""
