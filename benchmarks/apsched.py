@@ -6,8 +6,14 @@
 
 :func:`run_aps` starts this file as a subprocess (so its CPU and memory are measured like a supervisor's,
 with psutil) and computes the same metrics as runner.py. The child writes its runs and log counts as JSON:
-a run's ``started_at`` is when APScheduler submitted it to the pool, ``exec_at`` when the function began,
-``scheduled_at`` the trigger's scheduled time. ``aps_max_instances_skips`` counts the log lines
+a run's ``started_at`` is when the function began, as it recorded it itself (read from the EXECUTED event),
+or, for a run that never reported (hung), when APScheduler submitted it - its SUBMITTED event is sent only
+after its whole pass over the due jobs, so it is not used for runs that did report; ``exec_at`` is when the
+function began, ``scheduled_at`` the trigger's scheduled time. A SQLite job store is in WAL mode with
+``synchronous=NORMAL``, as the engine's own database (without it every update waits for a sync). The child
+runs in a session of its own; its pool processes (one stuck in a hung job, forever) are killed with its
+process group when it has exited. The side-by-side throughput comparison is ``compare.py``.
+``aps_max_instances_skips`` counts the log lines
 "Execution of job ... skipped: maximum number of running instances reached"; ``aps_log_sample`` keeps some.
 """
 
@@ -18,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,8 +89,17 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
                 ok = event.code == EVENT_JOB_EXECUTED
                 finished[(event.job_id, event.scheduled_run_time.timestamp())] = (event.retval if ok else None, now, ok)
 
+    import sqlalchemy as sa
+    engine = sa.create_engine(url)
+    if url.startswith("sqlite"):
+        @sa.event.listens_for(engine, "connect")
+        def _wal(dbapi_conn, _record) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
     scheduler = BackgroundScheduler(
-        jobstores={"default": SQLAlchemyJobStore(url=url)}, executors={"default": ProcessPoolExecutor(cap)},
+        jobstores={"default": SQLAlchemyJobStore(engine=engine)}, executors={"default": ProcessPoolExecutor(cap)},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}, timezone="UTC")
     scheduler.add_listener(on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
     for s in specs:
@@ -97,7 +113,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
         for key in sorted(set(submitted) | set(finished)):
             exec_at, done_at, ok = finished.get(key, (None, None, None))
             runs.append({"job": key[0], "kind": kinds.get(key[0], "?"), "scheduled_at": key[1],
-                         "started_at": submitted.get(key, exec_at or done_at), "exec_at": exec_at,
+                         "started_at": exec_at or submitted.get(key, done_at), "exec_at": exec_at,
                          "completed_at": done_at, "crashed": False, "instance": "aps",
                          "status": "Running" if ok is None else "Completed" if ok else "Failed"})
         data = {"runs": runs, "skips": counter.skips, "sample": counter.sample, "other": counter.other,
@@ -114,20 +130,21 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
     specs = wl.job_specs(w)
     tmp = Path(tempfile.mkdtemp(prefix="aps-bench-"))
     ns = runner.Namespace(backend, tmp)
+    proc = None
     try:
         out = tmp / "aps.json"
         with open(tmp / "aps.log", "wb") as aps_log:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen([sys.executable, str(Path(__file__)), w_path, "--cap", str(cap), "--duration-s",
                                      str(duration_s), "--url", ns.url, "--child-out", str(out)],
-                                    stdout=subprocess.DEVNULL, stderr=aps_log)
+                                    stdout=subprocess.DEVNULL, stderr=aps_log, start_new_session=True)
         sampler = runner.Sampler([proc.pid])
         while proc.poll() is None:
             sampler.sample()
             time.sleep(runner.SAMPLE_S)
+        _kill_leftovers(proc.pid)
         if not out.exists():
             raise RuntimeError("APScheduler child failed:\n" + (tmp / "aps.log").read_text()[-3000:])
         data = json.loads(out.read_text())
-        _kill_leftovers(list(sampler.first_seen))
         runs = data["runs"]
         first = min((r["started_at"] for r in runs if r["started_at"]), default=data["started"])
         t0, t1 = first + warmup_s, data["stopped"] - 1.0
@@ -144,20 +161,18 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
         shutil.rmtree(tmp, ignore_errors=True)  # kept only when something failed (its log tells why)
         return result
     finally:
+        if proc is not None:
+            _kill_leftovers(proc.pid)
         ns.drop()
 
 
-def _kill_leftovers(pids) -> None:
-    """The pool processes (one hung) outlive the os._exit of their parent: kill exactly those, by the PIDs the
-    sampler saw as the APScheduler process's children (re-checked against their command line)."""
-    import psutil
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            if any("apsched.py" in part for part in proc.cmdline()):
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
+def _kill_leftovers(pgid: int) -> None:
+    """The pool processes (one hung) outlive the os._exit of their parent: kill its process group (the child
+    was started in a session of its own, so the group is exactly it and the pool it forked)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,8 +44,8 @@ def headline(results: Path) -> str:
         ratio = e[key] / a[key] if e.get(key) and a.get(key) else None
         lines.append(f"{label:24}{_f(e[key], '.1f'):>12}{_f(a[key], '.1f'):>14}{_f(ratio, '.2f'):>8}")
     lines.append(f"APScheduler 'maximum number of running instances reached' skips: {a['aps_max_instances_skips']}")
-    raw = {r["backend"]: r["runs_per_s"] for r in comp["raw"]}
-    lines.append("raw database limit (claim+finish statements only): "
+    raw = {f"{r['backend']} {r.get('path', 'store')}": r["runs_per_s"] for r in comp["raw"]}
+    lines.append("raw database limit (claim+finish statements only, through our store / the bare driver): "
                  f"{', '.join(f'{k} {v:.0f} runs/s' for k, v in raw.items())}")
     caps_path = results / "caps.json"
     if caps_path.exists():

@@ -119,6 +119,7 @@ class Sampler:
 
 
 MIN_DURATION_S = 8.0  # warm-up (3 s) + tail (1 s) + a window of at least 4 s
+STARTUP_S = 5.0  # serve runs this much longer than duration_s: its workers start before its first run
 
 
 def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: float = 600.0,
@@ -128,18 +129,26 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
     """Run ``supervisors`` ``serve`` processes for ``duration_s`` on ``w`` and return its metrics dict.
 
     Window: occurrences scheduled from the first run start + ``warmup_s`` (workers spawned, start-up
-    catch-up done) to the stop time - 1 s. ``kill_one_at_s``: SIGKILL the first supervisor that many
-    seconds in (lease TTL experiments; adds ``recovery_s``). ``renew_s`` defaults to TTL / 3."""
+    catch-up done) to the first run start + ``duration_s`` - 1 s, never past the last claim (the jobs are
+    synced before ``serve`` starts; it runs ``duration_s`` + ``STARTUP_S``: the first run comes after the
+    workers have started, up to a few seconds on a loaded machine). ``kill_one_at_s``: SIGKILL the first
+    supervisor that many seconds in (lease TTL experiments; adds ``recovery_s``). ``renew_s`` defaults to
+    TTL / 3."""
     specs = wl.job_specs(w)
     tmp = Path(tempfile.mkdtemp(prefix="mjsched-bench-"))
     ns = Namespace(backend, tmp)
     renew_s = renew_s if renew_s is not None else lease_ttl_s / 3
     try:
         (tmp / "jobs.toml").write_text(wl.jobs_toml(w))
+        # the jobs are written before serve starts: its --run-for counts from its start, and a sync of 1000 jobs
+        # inside serve once took longer than the whole run (the window came out empty)
+        subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), "--db",
+                        ns.url, "--plugins", PLUGINS_DIR, "--log-level", "WARNING"],
+                       check=True, capture_output=True, timeout=600, cwd=tmp)
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", ns.url, "--plugins", PLUGINS_DIR,
-               "--jobs", str(tmp / "jobs.toml"), "--max-concurrent-jobs", str(cap),
+               "--max-concurrent-jobs", str(cap),
                "--lease-timeout-s", str(lease_timeout_s), "--lease-ttl-s", str(lease_ttl_s),
-               "--lease-renew-interval-s", str(renew_s), "--run-for", str(duration_s),
+               "--lease-renew-interval-s", str(renew_s), "--run-for", str(duration_s + STARTUP_S),
                "--shutdown-timeout-s", "1", "--log-level", "WARNING"]
         with contextlib.ExitStack() as stack:  # each child keeps its own copy of its log's descriptor
             logs = [stack.enter_context(open(tmp / f"serve-{i}.log", "wb")) for i in range(supervisors)]
@@ -152,7 +161,7 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
             if kill_one_at_s is not None and killed_at is None and time.time() - launched >= kill_one_at_s:
                 procs[0].send_signal(signal.SIGKILL)
                 killed_at = time.time()
-            if time.time() - launched > duration_s + 60:
+            if time.time() - launched > duration_s + STARTUP_S + 60:
                 for p in procs:
                     p.kill()
             time.sleep(SAMPLE_S)
@@ -165,7 +174,9 @@ def run_engine(w: wl.Workload, *, cap: int, duration_s: float, lease_timeout_s: 
             raise RuntimeError(f"no runs recorded; see {tmp}/serve-0.log:\n"
                                + (tmp / "serve-0.log").read_text()[-2000:])
         first = min(r["started_at"] for r in runs if r["started_at"])
-        t0, t1 = first + warmup_s, launched + duration_s - 1.0
+        # from the first run, not from the launch; and never past the last claim (serve had stopped claiming)
+        t0 = first + warmup_s
+        t1 = min(first + duration_s - 1.0, max(r["started_at"] for r in runs))
         if t1 <= t0:
             raise RuntimeError(f"nothing to measure: the window after the {warmup_s:g} s warm-up is empty "
                                f"({t1 - t0:.2f} s); run longer than {duration_s:g} s")

@@ -3,7 +3,8 @@
     python benchmarks/sweep.py caps|leases|ttl|memory|compare|fleet [--results DIR] [--duration-s S] [--repeats N]
 
 * ``compare``: the same workload (``mixed.toml``, cap 5, lease timeout 5 s) on this engine and on APScheduler
-  one after the other, the raw database limit (rawdb.py) on SQLite and PostgreSQL, and the simulator on the
+  one after the other, the raw database limit (rawdb.py, through our store and with the bare driver) on SQLite
+  and PostgreSQL, and the simulator on the
   engine run's workload and window (``agreement``).
 * ``caps``: cap 1, 2, 5, 10, 20 x lease timeout 1 s and 5 s, hung share 10 % (``sweep.toml``).
 * ``leases``: lease timeout 1, 2, 5 s x hung share 0, 10 %, 30 % at cap 5.
@@ -124,9 +125,9 @@ def memory(results: Path, duration_s: float = 110) -> dict:
 def saturation(results: Path, duration_s: float = 20, cap: int = 10) -> dict:
     """The engine's ceiling: ``saturate.toml`` demands 1000 runs/s, more than one supervisor can claim; the raw
     SQLite limit is measured right before it (``raw``), under the same load."""
-    raw = rawdb.raw_limit(2000, "sqlite")
+    raw, bare = rawdb.raw_limit(2000, "sqlite"), rawdb.bare_limit(2000, "sqlite")
     res = runner.run_engine(wl.load(WL / "saturate.toml"), cap=cap, duration_s=duration_s, lease_timeout_s=5.0)
-    res["raw"] = raw
+    res["raw"], res["raw_bare"] = raw, bare
     _log(res)
     save(results, "saturation", res)
     return res
@@ -170,9 +171,9 @@ def compare(results: Path, duration_s: float = 60, cap: int = 5, lease_timeout_s
             raw_runs: int = 2000) -> dict:
     path = WL / "mixed.toml"
     w = wl.load(path)
-    out = {"raw": [rawdb.raw_limit(raw_runs, "sqlite")]}
+    out = {"raw": [rawdb.raw_limit(raw_runs, "sqlite"), rawdb.bare_limit(raw_runs, "sqlite")]}
     try:
-        out["raw"].append(rawdb.raw_limit(raw_runs, "postgresql"))
+        out["raw"] += [rawdb.raw_limit(raw_runs, "postgresql"), rawdb.bare_limit(raw_runs, "postgresql")]
     except Exception as exc:  # noqa: BLE001 - no PostgreSQL server here: report SQLite only
         print(f"  PostgreSQL raw limit skipped: {str(exc).splitlines()[0]}", flush=True)
     print(f"  raw limit: {[round(r['runs_per_s']) for r in out['raw']]} runs/s", flush=True)

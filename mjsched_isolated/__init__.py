@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from mjsched_isolated._version import __version__
 from mjsched_isolated.api import BaseScheduledJob, JobContext, NotificationContent, ScheduledJobResult
-from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, RunStatus
+from mjsched_isolated.enums import (
+    ConcurrencyMode,
+    DstFoldPolicy,
+    DstGapPolicy,
+    JobStatus,
+    MissedRunPolicy,
+    RunStatus,
+)
 from mjsched_isolated.errors import ConfigurationError, CronError, InputError, MjschedError, NotFoundError
 
 if TYPE_CHECKING:
@@ -27,6 +34,8 @@ __all__ = [
     "ConcurrencyMode",
     "ConfigurationError",
     "CronError",
+    "DstFoldPolicy",
+    "DstGapPolicy",
     "InputError",
     "JobContext",
     "JobStatus",

@@ -30,6 +30,8 @@ from mjsched_isolated import ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.enums import (
     ConcurrencyMode,
+    DstFoldPolicy,
+    DstGapPolicy,
     JobStatus,
     MissedRunPolicy,
     RunStatus,
@@ -68,6 +70,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     notify_on_failure: bool = True
     notify_on_missed: bool = False
     notify_recipients: list[str] | None = None
+    dst_gap_policy: DstGapPolicy = DstGapPolicy.SHIFT
+    dst_fold_policy: DstFoldPolicy = DstFoldPolicy.ONCE_IF_FIXED_HOUR
+    missed_run_grace_s: float | None = None
+    max_total_runtime_s: float | None = None
     locked_at: dt.datetime | None = None
     locked_by_instance: str | None = None
     expected_completion_at: dt.datetime | None = None
@@ -93,6 +99,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     executed_by_instance: str | None = None
     deadline_at: dt.datetime | None = None
     duration_ms: float | None = None
+    cancel_requested_at: dt.datetime | None = None
+    cancel_requested_by: str | None = None
 
 
 def _job(row: dict[str, Any]) -> Job:
@@ -144,7 +152,8 @@ class Client:
         """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
         fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
         ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
-        ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``). The
+        ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
+        knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
         the field (``name`` if taken); nothing is written then."""
         values = {"name": name, "job_type": job_type, "cron_expression": cron_expression, "timezone": timezone,
@@ -194,3 +203,18 @@ class Client:
     def get_run(self, run_id: int) -> Run:
         """Run ``run_id``. Raises :class:`NotFoundError` (field ``id``)."""
         return _run(ops.get_run(self._store, run_id))
+
+    def cancel_run(self, run_id: int, *, requested_by: str | None = None) -> Run:
+        """Ask for live run ``run_id`` to be cancelled, like ``mjsched runs cancel``: whichever supervisor
+        holds it kills its process tree within one ``lease_renew_interval_s`` and records it Cancelled
+        (``cancel_requested_by``: ``requested_by``, default ``<user>@<host>``); a run that finishes first
+        keeps its outcome (poll :meth:`get_run`). Returns the run as it is now (Running). Raises
+        :class:`NotFoundError` (``id``) for an unknown run, :class:`InputError` (``id``) for one that is
+        no longer Running."""
+        return _run(ops.cancel_run(self._store, run_id, requested_by))
+    def run_logs(self, run_id: int) -> str:
+        """What run ``run_id`` wrote so far (stdout, stderr, logging records, its subprocesses'), in order,
+        bounded by ``max_run_output_bytes`` (its first and last halves, with a marker line between). A live
+        run's output grows about once a second. Raises :class:`NotFoundError` (field ``id``)."""
+        chunks, _running = ops.run_output(self._store, run_id)
+        return "".join(text for _, text in chunks)

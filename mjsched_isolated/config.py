@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import socket
 import tomllib
 import typing
@@ -26,14 +27,19 @@ import msgspec
 from mjsched_isolated.errors import InputError, msgspec_field_error
 
 MAX_SECONDS = 10 * 365 * 86400.0
+MAX_KILL_GRACE_S = 300.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
 DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 ENV_PREFIX = "MJSCHED_"
 
 
 def default_instance() -> str:
-    """``<hostname>-<pid>``, the reference's ``LockedByInstance`` format (§2.5)."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``<hostname>-<pid>-<6 random hex digits>``: the reference's ``LockedByInstance`` format (§2.5) made
+    unique per start. Hostname and pid repeat in containers (the entrypoint is PID 1 at every start and
+    the hostname survives a restart): a restarted supervisor that took its crashed predecessor's name
+    would renew that predecessor's lease and keep its dead runs "live" (issue 12). Hostname and pid are
+    also kept as columns of the ``supervisors`` row."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _doc(text: str, *, cli: str | None = None) -> msgspec.Meta:
@@ -105,6 +111,41 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         if self.port is not None and not 0 <= self.port <= 65535:
             raise InputError("metrics.port", f"must be between 0 and 65535, got {self.port}")
         _seconds("metrics.", self, ("stall_after_s",))
+
+
+class Dashboard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[dashboard]``: ``mjsched dashboard``'s address and who may use it. Binds to 127.0.0.1 unless told;
+    another address is refused unless ``operator_password`` or ``operator_token`` is set. Passwords and
+    tokens are secrets (set them with ``MJSCHED_DASHBOARD_OPERATOR_PASSWORD`` and the like rather than in
+    the file); each may be given as plain text or as a hash printed by ``mjsched dashboard --hash-password``
+    (``scrypt$...``), and the dashboard keeps only hashes in memory. The ``viewer_*`` ones grant the
+    read-only role, the ``operator_*`` ones may also act. ``session_secret`` signs session cookies (random
+    per process when unset: sessions then end with the process)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8520
+    operator_password: str | None = None
+    viewer_password: str | None = None
+    operator_token: str | None = None
+    viewer_token: str | None = None
+    session_secret: str | None = None
+    session_max_age_s: float = 12 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InputError("dashboard.port", f"must be between 0 and 65535, got {self.port}")
+        if not self.host.strip():
+            raise InputError("dashboard.host", "must not be empty")
+        for name in ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret"):
+            value = getattr(self, name)
+            if value is not None and len(value) < 8:
+                raise InputError(f"dashboard.{name}", "must be at least 8 characters long")
+        _seconds("dashboard.", self, ("session_max_age_s",))
+
+    def __repr__(self) -> str:
+        secret = ("operator_password", "viewer_password", "operator_token", "viewer_token", "session_secret")
+        shown = ", ".join(f"{name}={'***' if getattr(self, name) else None}" for name in secret)
+        return f"Dashboard(host={self.host!r}, port={self.port}, {shown})"
 
 
 def is_email_address(address: str) -> bool:
@@ -192,6 +233,9 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
 
 
+MAX_RUN_OUTPUT_BYTES = 1024**3  # 1 GiB: beyond it a run's output belongs in a file it writes itself
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the supervisor needs besides its store and pool; the TOML file's top level.
 
@@ -212,6 +256,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_timeout_s: Annotated[float, _doc(
         "default run deadline and lease length in seconds; a job's max_runtime_minutes only lengthens it")] = 600.0
     shutdown_timeout_s: Annotated[float, _doc("drain bound in seconds on SIGTERM/SIGINT")] = 30.0
+    kill_grace_s: Annotated[float, _doc(
+        "seconds between SIGTERM and SIGKILL for a run past its deadline (0: SIGKILL at once; at most half "
+        f"of lease_ttl_s is used, so the job's lease outlasts it); as Kubernetes' "
+        f"terminationGracePeriodSeconds, at most {MAX_KILL_GRACE_S:.0f}")] = 5.0
     rescan_interval_s: Annotated[float, _doc(
         "longest sleep in seconds before looking for job changes by others and runs of dead supervisors")] = 1.0
     heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
@@ -221,6 +269,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                   "report ready")] = 60.0
     plugin_import_timeout_s: Annotated[float, _doc("seconds one plugin module may take to import before it "
                                                    "is left out")] = 10.0
+    max_run_output_bytes: Annotated[int, _doc(
+        "bytes of a run's output (stdout, stderr, logging) kept with it: its first and last halves when it "
+        "writes more (see `runs logs`)")] = 4 * 1024 * 1024
     lease_ttl_s: Annotated[float, _doc(
         "this supervisor's liveness lease in seconds; a dead one's runs are recovered within TTL + rescan")] = 30.0
     lease_renew_interval_s: Annotated[float, _doc("seconds between renewals of the liveness lease")] = 10.0
@@ -228,17 +279,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                         cli="hidden")] = 0.0
     max_catchup_runs: Annotated[int, _doc(
         f"RunAll jobs catch up at most this many missed occurrences (at most {MAX_CATCHUP_RUNS})")] = 100
-    instance: Annotated[str, _doc("this supervisor's name in leases and logs (default <hostname>-<pid>)")] = \
+    instance: Annotated[str, _doc(
+        "this supervisor's name in leases and logs (default <hostname>-<pid>-<random 6 hex>); a name given "
+        "here must be unique among live supervisors and should change at each start")] = \
         msgspec.field(default_factory=default_instance)
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], _doc("log level", cli="common")] = "INFO"
     log_format: Annotated[Literal["text", "json"], _doc("text, or json: one JSON object per line on stderr",
                                                         cli="common")] = "text"
     auto_upgrade: Annotated[bool, _doc("apply pending schema migrations at start instead of refusing to start")
                             ] = False
+    wait_for_db_s: Annotated[float | None, _doc(
+        "serve started while the database server is unreachable retries (backoff up to 1 s, each try logged, "
+        "/healthz unhealthy) for at most this many seconds, then exits 1; unset: waits as long as it takes; "
+        "0: exits at once")] = None
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     notifications: Notifications = msgspec.field(default_factory=Notifications)
+    dashboard: Dashboard = msgspec.field(default_factory=Dashboard)
 
     def __post_init__(self) -> None:
         if not self.database_url.strip():
@@ -249,6 +307,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             value = getattr(self, name)
             if not math.isfinite(value) or abs(value) > MAX_SECONDS:
                 raise InputError(name, f"must be a finite number of seconds up to {MAX_SECONDS:.0f}, got {value}")
+        if self.wait_for_db_s is not None and not 0 <= self.wait_for_db_s <= MAX_SECONDS:
+            raise InputError("wait_for_db_s", f"must be from 0 to {MAX_SECONDS:.0f} seconds, got {self.wait_for_db_s}")
         if not 1 <= self.max_catchup_runs <= MAX_CATCHUP_RUNS:
             raise InputError("max_catchup_runs",
                              f"must be between 1 and {MAX_CATCHUP_RUNS}, got {self.max_catchup_runs}")
@@ -259,9 +319,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        if not 0 <= self.kill_grace_s <= MAX_KILL_GRACE_S:
+            raise InputError("kill_grace_s", f"must be between 0 and {MAX_KILL_GRACE_S:.0f} seconds, "
+                                             f"got {self.kill_grace_s}")
         for name in ("shutdown_timeout_s", "heartbeat_interval_s"):
             if not getattr(self, name) >= 0:
                 raise InputError(name, f"must be zero or more seconds, got {getattr(self, name)}")
+        if not 1024 <= self.max_run_output_bytes <= MAX_RUN_OUTPUT_BYTES:
+            raise InputError("max_run_output_bytes", f"must be an integer from 1024 to {MAX_RUN_OUTPUT_BYTES}, "
+                             f"got {self.max_run_output_bytes}")
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")
@@ -292,7 +358,7 @@ def redact_url(url: str) -> str:
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
 SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "metrics": Metrics,
-                                             "notifications": Notifications}
+                                             "notifications": Notifications, "dashboard": Dashboard}
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 
 

@@ -24,6 +24,7 @@ import zoneinfo
 
 from croniter import croniter
 
+from mjsched_isolated.enums import DstFoldPolicy, DstGapPolicy, values
 from mjsched_isolated.errors import CronError
 
 UTC = dt.UTC
@@ -39,6 +40,10 @@ _NAMES = {3: {m: i for i, m in enumerate(("JAN", "FEB", "MAR", "APR", "MAY", "JU
                                           "NOV", "DEC"), start=1)},
           4: {d: i for i, d in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}}
 _RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)$")
+DST_GAP_POLICIES = values(DstGapPolicy)  # ("Shift", "Skip"); Shift is the default
+DST_FOLD_POLICIES = values(DstFoldPolicy)  # ("OnceIfFixedHour", "Once", "Both"); OnceIfFixedHour is the default
+DEFAULT_DST_GAP = DstGapPolicy.SHIFT.value
+DEFAULT_DST_FOLD = DstFoldPolicy.ONCE_IF_FIXED_HOUR.value
 
 
 @functools.lru_cache(maxsize=512)
@@ -108,6 +113,14 @@ def validate(cron_expression: str, timezone: str = "UTC") -> None:
         raise CronError("cron_expression", f"invalid cron expression {cron_expression!r}")
 
 
+def check_dst_policies(dst_gap_policy: str, dst_fold_policy: str) -> None:
+    """Raise :class:`CronError` naming ``dst_gap_policy`` or ``dst_fold_policy`` if either is unknown."""
+    if dst_gap_policy not in DST_GAP_POLICIES:
+        raise CronError("dst_gap_policy", f"must be one of {', '.join(DST_GAP_POLICIES)}, got {dst_gap_policy!r}")
+    if dst_fold_policy not in DST_FOLD_POLICIES:
+        raise CronError("dst_fold_policy", f"must be one of {', '.join(DST_FOLD_POLICIES)}, got {dst_fold_policy!r}")
+
+
 def _refuse_descending_ranges(cron_expression: str, fields: list[str]) -> None:
     """croniter reads ``5-1`` as a wrap-around (5,6,...,0,1); cron(8) and the reference refuse it."""
     offset = 1 if len(fields) == 6 else 0
@@ -130,11 +143,14 @@ def _refuse_descending_ranges(cron_expression: str, fields: list[str]) -> None:
 #
 # 1. Gap (spring forward; the offset increases at instant T from ``ob`` to ``oa``): wall times in
 #    ``[T+ob, T+oa)`` do not exist. If any of them matches, the expression runs once at ``T``, the
-#    first valid instant after the gap (several nonexistent slots collapse into that one instant).
+#    first valid instant after the gap (several nonexistent slots collapse into that one instant):
+#    ``dst_gap_policy`` ``Shift``, the default. Under ``Skip`` those slots do not run at all.
 #    Matching wall times outside the gap keep their times.
-# 2. Fold (fall back; the offset decreases at T): wall times in ``[T+oa, T+ob)`` occur twice. An
-#    expression whose hour field is fixed (no ``*``/``?`` and no step ``/``) runs only in the first
-#    copy; one with a wildcard or step in the hour field runs in both.
+# 2. Fold (fall back; the offset decreases at T): wall times in ``[T+oa, T+ob)`` occur twice. Under
+#    ``dst_fold_policy`` ``OnceIfFixedHour`` (the default; Cronos's rule) an expression whose hour field
+#    is fixed (no ``*``/``?`` and no step ``/``) runs only in the first copy, one with a wildcard or step
+#    in the hour field runs in both. ``Once``: every expression runs only in the first copy (a wall time
+#    runs at most once). ``Both``: every expression runs in both copies.
 # 3. ``next_run_time`` is the least such instant strictly after ``after``, so iterating it is strictly
 #    increasing in UTC.
 #
@@ -269,25 +285,30 @@ def _naive_utc(instant: dt.datetime) -> dt.datetime:
     return instant.replace(tzinfo=None)
 
 
-def next_run_time(cron_expression: str, timezone: str, after: dt.datetime) -> dt.datetime:
+def next_run_time(cron_expression: str, timezone: str, after: dt.datetime, dst_gap_policy: str = DEFAULT_DST_GAP,
+                  dst_fold_policy: str = DEFAULT_DST_FOLD) -> dt.datetime:
     """The first occurrence strictly after ``after``, as an aware UTC datetime.
 
     ``after`` must be aware (any zone). The expression is evaluated in ``timezone``, with the
-    daylight-saving rules described above (gap: run once at the first instant after it; fold: first
-    copy only for a fixed hour field, both copies otherwise).
-    Raises :class:`CronError` for an invalid expression or zone, :class:`ValueError` for a naive ``after``.
+    daylight-saving rules described above (by default, gap: run once at the first instant after it;
+    fold: first copy only for a fixed hour field, both copies otherwise; see :data:`DST_GAP_POLICIES`,
+    :data:`DST_FOLD_POLICIES`). Raises :class:`CronError` for an invalid expression, zone or policy,
+    :class:`ValueError` for a naive ``after``.
     """
     if after.tzinfo is None:
         raise ValueError("after must be an aware datetime")
-    return _next_run_time(cron_expression, timezone, after.astimezone(UTC))
+    check_dst_policies(dst_gap_policy, dst_fold_policy)
+    return _next_run_time(cron_expression, timezone, after.astimezone(UTC), dst_gap_policy, dst_fold_policy)
 
 
 @functools.lru_cache(maxsize=4096)
-def _next_run_time(cron_expression: str, timezone: str, after: dt.datetime) -> dt.datetime:
-    """:func:`next_run_time` for an aware UTC ``after``, memoised: the jobs of one poll share a cron
-    expression, a due instant and ``now`` far more often than not (issue 11: croniter was a quarter of the
-    supervisor's CPU per run at saturation). A :class:`CronError` is not cached (it is raised again)."""
+def _next_run_time(cron_expression: str, timezone: str, after: dt.datetime, dst_gap_policy: str,
+                   dst_fold_policy: str) -> dt.datetime:
+    """:func:`next_run_time` for an aware UTC ``after`` and checked policies, memoised: the jobs of one
+    poll share a cron expression, a due instant and ``now`` far more often than not (issue 11: croniter
+    was a quarter of the supervisor's CPU per run at saturation). A :class:`CronError` is not cached."""
     proto, fixed_hour = _prototype(cron_expression)
+    once_in_fold = dst_fold_policy == "Once" or (dst_fold_policy == DEFAULT_DST_FOLD and fixed_hour)
     tz = zone(timezone)
     walls = _Walls(cron_expression, proto)
     after = after.astimezone(UTC)
@@ -297,7 +318,7 @@ def _next_run_time(cron_expression: str, timezone: str, after: dt.datetime) -> d
     off: dt.timedelta = local.utcoffset()  # type: ignore[assignment]
     w = walls.after(local.replace(tzinfo=None, fold=0))
     prev = _last_transition(timezone, after - _LOOKBACK, after)
-    if fixed_hour and prev is not None and prev.before > prev.after:
+    if once_in_fold and prev is not None and prev.before > prev.after:
         # shortly past a fold: wall times before prev.at + prev.before already ran in the first copy
         first_unseen = _naive_utc(prev.at + prev.before)
         if w < first_unseen:
@@ -312,21 +333,45 @@ def _next_run_time(cron_expression: str, timezone: str, after: dt.datetime) -> d
         at, ob, oa = nxt
         if oa > ob:  # gap: wall times [at+ob, at+oa) do not exist; w is the first match >= at+ob
             if w < _naive_utc(at + oa):
-                return at
-        elif not fixed_hour:  # fold, both copies run: look again from the start of the repeated wall times
+                if dst_gap_policy == "Shift":
+                    return at
+                w = walls.at_or_after(_naive_utc(at + oa))  # Skip: the first match after the gap
+        elif not once_in_fold:  # fold, both copies run: look again from the start of the repeated wall times
             w = walls.at_or_after(_naive_utc(at + oa))
-        # (fold with a fixed hour: the repeated wall times ran in the first copy; w, >= at+ob, stands)
+        # (fold, once: the repeated wall times ran in the first copy; w, >= at+ob, stands)
         off, seg_start = oa, at
 
 
 def moved_wall_times(cron_expression: str, timezone: str, instant: dt.datetime, limit: int = 3600) -> list[dt.datetime]:
     """The nonexistent local wall times (naive) of a DST gap that ``instant`` runs for, in order (at most
-    ``limit``); empty unless ``instant`` is the first instant after a gap in which the expression matches."""
-    proto, _ = _prototype(cron_expression)
-    zone(timezone)
+    ``limit``); empty unless ``instant`` is the first instant after a gap in which the expression matches
+    (under ``dst_gap_policy`` ``Shift``; under ``Skip`` they are :func:`skipped_wall_times`)."""
     instant = instant.astimezone(UTC)
     tr = _first_transition(timezone, instant - _SECOND, instant)
-    if tr is None or tr.at != instant or tr.after <= tr.before:
+    if tr is None or tr.at != instant:
+        return []
+    return _gap_wall_times(cron_expression, tr, limit)
+
+
+def skipped_wall_times(cron_expression: str, timezone: str, after: dt.datetime, instant: dt.datetime,
+                       limit: int = 3600) -> list[dt.datetime]:
+    """Under ``dst_gap_policy`` ``Skip``: the nonexistent local wall times (naive, in order, at most
+    ``limit``) of DST gaps between two consecutive occurrences ``after`` and ``instant``, which did not run."""
+    out: list[dt.datetime] = []
+    lo = after.astimezone(UTC)
+    while len(out) < limit:
+        tr = _first_transition(timezone, lo, instant.astimezone(UTC))
+        if tr is None:
+            return out
+        out += _gap_wall_times(cron_expression, tr, limit - len(out))
+        lo = tr.at
+    return out
+
+
+def _gap_wall_times(cron_expression: str, tr: _Transition, limit: int) -> list[dt.datetime]:
+    """The wall times in transition ``tr``'s gap that match (empty for a fold), at most ``limit``."""
+    proto, _ = _prototype(cron_expression)
+    if tr.after <= tr.before:
         return []
     walls = _Walls(cron_expression, proto)
     end = _naive_utc(tr.at + tr.after)
@@ -338,13 +383,14 @@ def moved_wall_times(cron_expression: str, timezone: str, instant: dt.datetime, 
     return out
 
 
-def min_interval_s(cron_expression: str, timezone: str, after: dt.datetime, samples: int = 6) -> float:
+def min_interval_s(cron_expression: str, timezone: str, after: dt.datetime, samples: int = 6,
+                   dst_gap_policy: str = DEFAULT_DST_GAP, dst_fold_policy: str = DEFAULT_DST_FOLD) -> float:
     """Smallest gap between the next ``samples`` occurrences, in seconds (reference §6.4
-    ``GetMinIntervalMs``). ``inf`` if the expression is invalid."""
+    ``GetMinIntervalMs``). ``inf`` if the expression (or a policy) is invalid."""
     try:
-        times = [next_run_time(cron_expression, timezone, after)]
+        times = [next_run_time(cron_expression, timezone, after, dst_gap_policy, dst_fold_policy)]
         for _ in range(samples - 1):
-            times.append(next_run_time(cron_expression, timezone, times[-1]))
+            times.append(next_run_time(cron_expression, timezone, times[-1], dst_gap_policy, dst_fold_policy))
     except CronError:
         return float("inf")
     return min((b - a).total_seconds() for a, b in itertools.pairwise(times))

@@ -1,5 +1,5 @@
 """The vocabularies of the data model as ``StrEnum`` s: job and run statuses, concurrency modes, missed-run
-policies, notification events, statuses and priorities.
+policies, daylight-saving policies, notification events, statuses and priorities.
 
 The values are the reference engine's spelling (reference-engine-spec.md §1.2, §1.3), stored as text, so
 a member compares equal to its string (``RunStatus.RUNNING == "Running"``). Standard library only: the
@@ -45,6 +45,21 @@ class MissedRunPolicy(StrEnum):
     SKIP = "Skip"
     RUN_ONCE = "RunOnce"
     RUN_ALL = "RunAll"
+
+
+class DstGapPolicy(StrEnum):
+    """``jobs.dst_gap_policy``: an occurrence whose local time does not exist (spring forward)."""
+
+    SHIFT = "Shift"  # runs once at the first valid instant after the gap (the default)
+    SKIP = "Skip"  # does not run
+
+
+class DstFoldPolicy(StrEnum):
+    """``jobs.dst_fold_policy``: occurrences whose local time occurs twice (fall back)."""
+
+    ONCE_IF_FIXED_HOUR = "OnceIfFixedHour"  # fixed hour field: first copy only; wildcard/step hour: both (default)
+    ONCE = "Once"  # every expression: first copy only
+    BOTH = "Both"  # every expression: both copies
 
 
 class NotificationEvent(StrEnum):

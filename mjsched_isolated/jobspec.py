@@ -59,6 +59,11 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     notify_on_failure: bool = True
     notify_on_missed: bool = False
     notify_recipients: list[str] | None = None
+    # -- time knobs (issue 12 point 10) --
+    dst_gap_policy: str = cron.DEFAULT_DST_GAP
+    dst_fold_policy: str = cron.DEFAULT_DST_FOLD
+    missed_run_grace_s: float | None = None
+    max_total_runtime_s: float | None = None
 
 
 class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -96,6 +101,15 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         cron.validate(spec.cron_expression, spec.timezone)
     except InputError as exc:
         fail(exc.field, exc.message)
+    try:
+        cron.check_dst_policies(spec.dst_gap_policy, spec.dst_fold_policy)
+    except InputError as exc:
+        fail(exc.field, exc.message)
+    for field in ("missed_run_grace_s", "max_total_runtime_s"):
+        value = getattr(spec, field)
+        if value is not None and not 0 < value <= planner.MAX_RUN_TIMEOUT_S:
+            fail(field, f"must be more than 0 and at most {planner.MAX_RUN_TIMEOUT_S:g} seconds (ten years), "
+                        f"got {value:g}")
     if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
@@ -137,7 +151,7 @@ def row_values(spec: JobSpec) -> dict[str, Any]:
 
 def schedule_fields_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """True when a change of these columns must recompute ``next_run_at``."""
-    keys = ("cron_expression", "timezone", "start_at", "end_at", "status")
+    keys = ("cron_expression", "timezone", "start_at", "end_at", "status", "dst_gap_policy", "dst_fold_policy")
     return any(k in new and old.get(k) != new[k] for k in keys)
 
 

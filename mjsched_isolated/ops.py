@@ -14,7 +14,11 @@ Rows returned are the views of :func:`job_view` / :func:`run_view`: the store's 
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
+import os
+import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
 from mjsched_isolated.errors import (
     InputError,
     MjschedError,
+    NotFoundError,
     first_line,
     msgspec_field_error,
 )
@@ -53,6 +58,10 @@ class AlreadyRunningError(MjschedError):
                  if holder and locked_at else "its run ended just now; try again")
         super().__init__(f"job {name!r} is already running ({where}); concurrency_mode {concurrency_mode} "
                          "refuses a second run")
+
+
+class DatabaseUnreachableError(MjschedError):
+    """``serve``'s database stayed unreachable for longer than ``wait_for_db_s`` (exit 1)."""
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +109,56 @@ def open_store(url: str, *, auto_upgrade: bool = False, must_exist: bool = False
             raise InputError(field, f"cannot connect to {redact_url(url)!r}: "
                                     f"{str(exc.orig).strip().splitlines()[0]}") from None
         raise
+
+
+# a server that is down, restarting, failing over or not yet reachable: worth waiting for. Anything else
+# (a bad URL, a missing driver, bad credentials, an unknown database, a SQLite path) is a configuration error.
+UNREACHABLE_MARKERS = ("connection refused", "could not connect", "can't connect", "connection timed out",
+                       "timeout expired", "timed out", "server closed the connection", "connection reset",
+                       "lost connection", "the database system is starting up", "the database system is shutting down",
+                       "no route to host", "network is unreachable", "could not translate host name",
+                       "name or service not known", "temporary failure in name resolution")
+WAIT_BACKOFF_S = (0.1, 1.0)  # first and longest pause between tries while the database is unreachable
+
+
+def database_unreachable(url: str, exc: BaseException) -> bool:
+    """Is ``exc`` (from opening ``url``) a server that cannot be reached right now, rather than a
+    configuration error? SQLite files are never "unreachable"."""
+    if url.startswith("sqlite") or not isinstance(exc, sa.exc.OperationalError):
+        return False
+    reason = str(exc.orig).lower()
+    return any(marker in reason for marker in UNREACHABLE_MARKERS)
+
+
+def open_store_waiting(url: str, *, auto_upgrade: bool = False, wait_s: float | None = None,
+                       on_wait: Callable[[int, float, str], None] | None = None, field: str = "--db") -> Store:
+    """:func:`open_store` for ``serve``: while the database *server* is unreachable
+    (:func:`database_unreachable`), try again after a pause that doubles from 0.1 s to at most 1 s (so a
+    database that comes back is used within about a second), for at most ``wait_s`` seconds (None: as long
+    as it takes). Before each pause ``on_wait(attempt, pause_s, reason)`` is called (log, health). Raises
+    :class:`InputError` (``field``) for a configuration error at once, :class:`DatabaseUnreachableError` when
+    ``wait_s`` runs out. Reads clocks and sleeps: an outer loop, like :func:`run_job`."""
+    started = time.monotonic()
+    pause_s = WAIT_BACKOFF_S[0]
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return Store.open(url, auto_upgrade=auto_upgrade)
+        except sa.exc.OperationalError as exc:
+            if not database_unreachable(url, exc):
+                return open_store(url, auto_upgrade=auto_upgrade, field=field)  # the one-line error
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError):
+            return open_store(url, auto_upgrade=auto_upgrade, field=field)
+        waited_s = time.monotonic() - started
+        if wait_s is not None and waited_s + pause_s > wait_s:
+            raise DatabaseUnreachableError(f"database {redact_url(url)} still unreachable after {waited_s:.1f} s "
+                                      f"({attempt} tries, wait_for_db_s {wait_s:g}): {reason}")
+        if on_wait is not None:
+            on_wait(attempt, pause_s, reason)
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, WAIT_BACKOFF_S[1])
 
 
 def require_existing_database(url: str, field: str = "--db") -> None:
@@ -160,6 +219,44 @@ def get_run(store: Store, run_id: int) -> Row:
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
         raise InputError("id", f"no run with id {run_id!r}")
     return run_view(store.get_run(run_id))
+
+
+def default_actor() -> str:
+    """Who is asking, for the records: ``<user>@<hostname>`` of this process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): the uid will do
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Row:
+    """Ask for run ``run_id`` to be cancelled (Flower's revoke/terminate, Oban Web's cancel): the request
+    (``cancel_requested_at`` by the database clock, ``cancel_requested_by`` = ``requested_by`` or
+    :func:`default_actor`) is written on the Running run row, and whichever supervisor holds the run
+    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``) and records it
+    Cancelled, not counted as a failure. A run that finishes first keeps its outcome. Returns the run
+    (still Running). Raises :class:`NotFoundError` (field ``id``) for an unknown run, :class:`InputError`
+    (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for an empty name."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
+        raise InputError("id", f"no run with id {run_id!r}")
+    actor = default_actor() if requested_by is None else requested_by
+    if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
+        raise InputError("requested_by", f"must be a name of 1 to 255 characters, got {actor!r}")
+    row = store.request_cancel(run_id, actor.strip())
+    if row is None:
+        raise NotFoundError("id", f"no run with id {run_id}")
+    if row["status"] != RunStatus.RUNNING.value:
+        ended = row["completed_at"]
+        raise InputError("id", f"run {run_id} is not running: it ended {row['status']}"
+                               f"{f' at {ended:%Y-%m-%dT%H:%M:%SZ}' if ended else ''}; nothing to cancel")
+    return get_run(store, run_id)
+def run_output(store: Store, run_id: int, after_seq: int = -1) -> tuple[list[tuple[int, str]], bool]:
+    """Run ``run_id``'s captured output after chunk ``after_seq`` as ``(seq, text)`` chunks in order, and
+    whether the run is still Running (read first: once it is not, the chunks returned are all there is).
+    Raises :class:`NotFoundError` (field ``id``)."""
+    running = get_run(store, run_id)["status"] == "Running"
+    return store.run_output(run_id, after_seq), running
 
 
 def status(store: Store) -> Row:

@@ -9,11 +9,21 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated.cron import min_interval_s, next_run_time
+from mjsched_isolated.cron import DEFAULT_DST_FOLD, DEFAULT_DST_GAP, min_interval_s, next_run_time
 
 Row = Mapping[str, Any]
 """A job's columns by name, read only: a :class:`~mjsched_isolated.store.records.JobRow` or plain values."""
 _TICK = dt.timedelta(microseconds=1)
+
+
+def dst_policies(job: Row) -> tuple[str, str]:
+    """The job's ``(dst_gap_policy, dst_fold_policy)``, the defaults where unset (a row from before 0007)."""
+    return job.get("dst_gap_policy") or DEFAULT_DST_GAP, job.get("dst_fold_policy") or DEFAULT_DST_FOLD
+
+
+def occurrence_after(job: Row, after: dt.datetime) -> dt.datetime:
+    """The job's first occurrence strictly after ``after``, under its DST policies (``cron.next_run_time``)."""
+    return next_run_time(job["cron_expression"], job["timezone"], after, *dst_policies(job))
 
 
 def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
@@ -28,7 +38,7 @@ def initial_next_run_at(job: Row, now: dt.datetime) -> dt.datetime | None:
         first = max(now, start_at) if start_at else now
     else:
         after = start_at - _TICK if start_at and start_at > now else now
-        first = next_run_time(job["cron_expression"], job["timezone"], after)
+        first = occurrence_after(job, after)
     return _within_end(job, first)
 
 
@@ -38,12 +48,15 @@ RUNALL_LOOKBACK = dt.timedelta(days=366)  # RunAll catches up at most a year of 
 
 class Decision(msgspec.Struct, frozen=True):
     """What to do with a due occurrence: ``run`` it or not, and the job's next ``next_run_at``.
-    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped."""
+    ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped;
+    ``scheduled_at``: then the occurrence to run now instead of ``job["next_run_at"]`` (the oldest kept),
+    None when the due occurrence itself runs (or nothing does)."""
 
     run: bool
     next_run_at: dt.datetime | None
     missed: bool = False
     skipped_older: bool = False
+    scheduled_at: dt.datetime | None = None
 
 
 def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_scheduled: dt.datetime,
@@ -64,54 +77,73 @@ def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_schedu
 def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     """Apply the job's ``missed_run_policy`` to its due occurrence ``job["next_run_at"]`` at ``now``.
 
-    RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
+    An occurrence is *missed* when the next one is already due (the reference's rule), or, when the job
+    has ``missed_run_grace_s``, when ``now`` is more than that many seconds after it (APScheduler's
+    ``misfire_grace_time``; within the grace it runs as on time, folding any later due occurrences as
+    RunOnce does). RunOnce: run it, then the next occurrence after ``now``. Skip: a missed occurrence is not run.
     RunAll: run the missed occurrences oldest first, one claim each, but only the newest
     ``max_catchup_runs`` of them, and none older than :data:`RUNALL_LOOKBACK`: a longer backlog is cut in
     one step (found by looking back from ``now``, never by enumerating it; the horizon keeps that look
-    short however sparse the schedule, e.g. a leap-day job left at year 4). Raises :class:`CronError` for
-    a bad cron or zone.
+    short however sparse the schedule, e.g. a leap-day job left at year 4). A cut runs the oldest kept
+    occurrence in the same decision (``scheduled_at``): were it left for the next poll, a poll slower
+    than the schedule's interval would find the bound moved past it and cut again, for ever, with no
+    run. Raises :class:`CronError` for a bad cron or zone.
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
-    following = next_run_time(cron, zone, scheduled)
-    action, advance = decide_missed_run(job.get("missed_run_policy") or "RunOnce", scheduled, following, now)
-    missed = following <= now
+    following = occurrence_after(job, scheduled)
+    policy = job.get("missed_run_policy") or "RunOnce"
+    grace_s = job.get("missed_run_grace_s")
+    if grace_s is None:  # the reference's rule: missed once the next occurrence is due
+        action, advance = decide_missed_run(policy, scheduled, following, now)
+        missed = following <= now
+    else:  # APScheduler's misfire_grace_time: missed once found more than grace_s after its instant
+        missed = (now - scheduled).total_seconds() > grace_s
+        action, advance = ("SkipAndAdvance", None) if missed and policy == "Skip" else (
+            ("Run", "MissedOccurrence") if policy == "RunAll" and following <= now else ("Run", "Now"))
     if action == "SkipAndAdvance":
-        return Decision(run=False, next_run_at=_within_end(job, next_run_time(cron, zone, now)), missed=True)
+        return Decision(run=False, next_run_at=_within_end(job, occurrence_after(job, now)), missed=True)
     if advance == "Now":
         return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
     horizon = now - RUNALL_LOOKBACK
     if scheduled < horizon:  # older than any catch-up: start from the first occurrence within the horizon
-        first = next_run_time(cron, zone, horizon - _TICK)
+        first = occurrence_after(job, horizon - _TICK)
         return Decision(run=False, next_run_at=_within_end(job, first), missed=True, skipped_older=True)
-    oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following)
+    oldest_kept = nth_latest_occurrence(cron, zone, now, max(1, max_catchup_runs), not_before=following,
+                                        dst=dst_policies(job))
     if oldest_kept is not None and oldest_kept > following:  # too long a backlog: keep only its newest part
-        return Decision(run=False, next_run_at=_within_end(job, oldest_kept), missed=True, skipped_older=True)
+        kept = _within_end(job, oldest_kept)  # ... and run the oldest of it now
+        if kept is None:
+            return Decision(run=False, next_run_at=None, missed=True, skipped_older=True)
+        return Decision(run=True, next_run_at=_within_end(job, occurrence_after(job, oldest_kept)), missed=True,
+                        skipped_older=True, scheduled_at=kept)
     return Decision(run=True, next_run_at=_within_end(job, following), missed=True)
 
 
 def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime, n: int,
-                          not_before: dt.datetime) -> dt.datetime | None:
+                          not_before: dt.datetime,
+                          dst: tuple[str, str] = (DEFAULT_DST_GAP, DEFAULT_DST_FOLD)) -> dt.datetime | None:
     """The n-th most recent occurrence at or before ``now`` (n = 1: the latest), or None when fewer than n
     occurrences lie in ``[not_before, now]``. Never enumerates the backlog: it reads at most 2n occurrences
     per look, first over a window behind ``now`` that starts at n times the expression's shortest interval
     and doubles, and, when a window holds more than 2n (an uneven schedule such as ``* * 1 * *``), by
     halving the window between a start with too many and one with too few (about log2(window / 1 s) looks).
+    ``dst``: the job's ``(dst_gap_policy, dst_fold_policy)``.
     """
     limit = 2 * n
 
     def occurrences_since(start: dt.datetime) -> tuple[list[dt.datetime], bool]:
         """Occurrences in ``[start, now]``, at most ``limit``, and whether that is all of them."""
         found: list[dt.datetime] = []
-        when = next_run_time(cron_expression, timezone, start - _TICK)
+        when = next_run_time(cron_expression, timezone, start - _TICK, *dst)
         while when <= now:
             if len(found) == limit:
                 return found, False
             found.append(when)
-            when = next_run_time(cron_expression, timezone, when)
+            when = next_run_time(cron_expression, timezone, when, *dst)
         return found, True
 
-    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before)) * n
+    window_s = max(1.0, min_interval_s(cron_expression, timezone, not_before, 6, *dst)) * n
     backlog_s = (now - not_before).total_seconds()
     while True:  # widen until the window holds n occurrences (or reaches not_before)
         start = not_before if window_s >= backlog_s else now - dt.timedelta(seconds=window_s)
@@ -141,7 +173,7 @@ def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:
     """``next_run_at`` once the occurrence ``job["next_run_at"]`` is claimed at ``now``, under RunOnce:
     the first occurrence strictly after ``now``. None when past ``end_at``."""
     after = max(now, job["next_run_at"]) if job.get("next_run_at") else now
-    return _within_end(job, next_run_time(job["cron_expression"], job["timezone"], after))
+    return _within_end(job, occurrence_after(job, after))
 
 
 def expired(job: Row, now: dt.datetime) -> bool:
@@ -154,11 +186,20 @@ MAX_RUN_TIMEOUT_S = 10 * 365 * 86400.0  # longer than any run; keeps datetime ar
 
 
 def run_timeout_s(job: Row, lease_timeout_s: float) -> float:
-    """A run's allowed duration: ``max(lease_timeout_s, max_runtime_minutes * 60)``, at most ten years.
-    The per-job value only ever lengthens the default (reference §2.5, tests H7/H8)."""
+    """A run's allowed duration before any heartbeat: ``max(lease_timeout_s, max_runtime_minutes * 60)``,
+    at most ten years. The per-job value only ever lengthens the default (reference §2.5, tests H7/H8);
+    ``max_total_runtime_s``, the hard cap, shortens it."""
     minutes = job.get("max_runtime_minutes") or 0
     timeout = max(lease_timeout_s, minutes * 60.0) if minutes > 0 else lease_timeout_s
-    return min(timeout, MAX_RUN_TIMEOUT_S)
+    cap_s = job.get("max_total_runtime_s")
+    return min(timeout, MAX_RUN_TIMEOUT_S, cap_s if cap_s else MAX_RUN_TIMEOUT_S)
+
+
+def hard_deadline(job: Row, started_at: dt.datetime) -> dt.datetime | None:
+    """``started_at + max_total_runtime_s``: the instant no heartbeat moves a run's deadline past (Celery's
+    ``time_limit``, against the soft, heartbeat-extended deadline); None when the job has no cap."""
+    cap_s = job.get("max_total_runtime_s")
+    return started_at + dt.timedelta(seconds=min(cap_s, MAX_RUN_TIMEOUT_S)) if cap_s else None
 
 
 def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:

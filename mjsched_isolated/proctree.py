@@ -9,10 +9,14 @@ Processes already gone are ignored everywhere. Standard library and psutil only:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 
 import psutil
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -61,6 +65,40 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     me = os.getpid()
     signal_all([p for p in procs if p.pid != me], sig)
     signal_group(pid, sig)
+
+
+def kill_trees(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    """:func:`kill_tree` for several roots at once, for kills that fall due together: the descendants of
+    every root are found in one pass over the process table, then every process and every root's process
+    group is signalled, before the caller waits for or reaps any of them."""
+    roots = [pid for pid in pids if pid > 0]
+    if not roots:
+        return
+    if len(roots) == 1:
+        kill_tree(roots[0], sig)
+        return
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info["ppid"] or 0, []).append(proc.pid)
+    targets: list[int] = []
+    stack = list(roots)
+    seen = set(roots)
+    while stack:
+        pid = stack.pop()
+        targets.append(pid)
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    me = os.getpid()
+    for pid in targets:
+        if pid != me:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in roots:
+        signal_group(pid, sig)
 
 
 def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
@@ -116,3 +154,53 @@ def session_and_descendants(leader: int) -> set[int]:
                 stack.append(pid)
     found.discard(leader)
     return found
+
+
+def become_subreaper() -> bool:
+    """Make this process a *child subreaper* (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a descendant
+    orphaned below it (a daemonising double fork, a ``setsid`` in the background) is re-parented to it
+    rather than to init, so it stays among this process's children to be found, killed and reaped. The
+    caller must reap the orphans it inherits. False where the platform does not offer it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def own_children() -> set[int] | None:
+    """Pids of this process's direct children (zombies included) from ``/proc/self/task/*/children``:
+    a few small reads, not a scan of every process. None where the kernel does not list children
+    (no ``CONFIG_PROC_CHILDREN``, no /proc): callers fall back to a full scan."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/self/task/{me}/children", "rb") as f:  # the main thread: always there
+            found = {int(p) for p in f.read().split()}
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found.update(int(p) for p in f.read().split())
+        except OSError:  # the thread has ended since listdir
+            continue
+    return found
+
+
+def reap(pids: set[int]) -> set[int]:
+    """``waitpid(WNOHANG)`` each of ``pids`` (this process's children); returns those that are still
+    running. A pid that is not (or no longer) our child counts as gone."""
+    running = set()
+    for pid in pids:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done == 0:
+            running.add(pid)
+    return running

@@ -2,8 +2,8 @@
 MessagePack-encoded, one message per ``Connection.send_bytes``.
 
 Supervisor -> child: :class:`RunRequest`, :class:`ValidateRequest`, :class:`Stop`.
-Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunFinished`,
-:class:`ValidateReply`.
+Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunOutput`,
+:class:`RunFinished`, :class:`ValidateReply`.
 New fields must get defaults so old and new peers keep decoding each other.
 """
 
@@ -63,8 +63,20 @@ class Ready(msgspec.Struct, tag=True, frozen=True):
     warnings: list[str] = []
 
 
+class RunLimits(msgspec.Struct, frozen=True):
+    """Resource limits for one run (None: no limit), applied by the worker (see
+    :mod:`mjsched_isolated.worker.limits`): memory in MB, CPU seconds, open files, processes, nice."""
+
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
+
+
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
-    """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC)."""
+    """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC); ``limits``
+    the run's resource limits (None: none)."""
 
     run_id: int
     job_id: int
@@ -73,6 +85,7 @@ class RunRequest(msgspec.Struct, tag=True, frozen=True):
     configuration: str | None
     scheduled_at: float | None = None
     deadline_at: float | None = None
+    limits: RunLimits | None = None
 
 
 class RunStarted(msgspec.Struct, tag=True, frozen=True):
@@ -89,6 +102,14 @@ class Heartbeat(msgspec.Struct, tag=True, frozen=True):
     at: float
 
 
+class RunOutput(msgspec.Struct, tag=True, frozen=True):
+    """The next piece of what run ``run_id`` wrote (stdout, stderr, logging records), in order, already
+    bounded by the worker (see :mod:`mjsched_isolated.worker.output`); at most 256 KB of UTF-8."""
+
+    run_id: int
+    text: str
+
+
 class NoticeText(msgspec.Struct, frozen=True):
     """The plugin's ``format_notification`` result: ``priority`` is Low, Normal or High; ``metadata`` a
     JSON object (stored as the notice's ``details``)."""
@@ -101,13 +122,16 @@ class NoticeText(msgspec.Struct, frozen=True):
 
 class RunFinished(msgspec.Struct, tag=True, frozen=True):
     """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``. ``notification``: the
-    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default)."""
+    plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default).
+    ``retiring``: the child exits after this run, and why (the run left threads behind, ...): it must get
+    no other run; its slot is refilled."""
 
     run_id: int
     success: bool
     error_message: str | None = None
     details: dict[str, Any] | None = None
     notification: NoticeText | None = None
+    retiring: str | None = None
 
 
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):
@@ -128,7 +152,7 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
 
 
 ToChild = RunRequest | ValidateRequest | Stop
-ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunFinished | ValidateReply
+ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunOutput | RunFinished | ValidateReply
 
 _encoder = msgspec.msgpack.Encoder()
 _to_child = msgspec.msgpack.Decoder(ToChild)

@@ -3,7 +3,8 @@
 Read-only; every query is a :class:`Store` method. Liveness and "running for" are judged by the
 database clock (the one every lease uses), so the answer is the same from any machine. The short-lived
 supervisors of ``jobs run`` (instance ``jobs-run-...``) are listed only while alive or when they did not
-stop cleanly; when no supervisor is alive and jobs are overdue, ``warnings`` says so.
+stop cleanly; when no supervisor is alive and jobs are overdue, or the database refuses writes (probed by
+an UPDATE that matches no row, rolled back), ``warnings`` says so.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, lim
     failures = [{**r, "error_message": _first_line(r["error_message"])} for r in store.recent_failures(limit)]
     next_due = store.next_due_jobs(limit)
     warnings = []
+    if (read_only := store.read_only_reason()) is not None:
+        warnings.append(f"the database refuses writes ({read_only}): no supervisor can register, claim or "
+                        "record a run")
     overdue = [job for job in next_due if job["next_run_at"] <= now]
     if overdue and not any(s["alive"] for s in supervisors):
         count = f"{len(overdue)}{'+' if len(overdue) == limit else ''}"

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh SQLite store per test, the fixture plugins, and a bounded supervisor driver."""
+"""Shared fixtures: a fresh SQLite store per test, the fixture plugins, and a bounded supervisor driver.
+The suite runs in parallel (pytest-xdist): the ``serial`` group and the ``alone`` marker are in parallel.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fakes import FakePool, memory_store
+from parallel import pytest_collection_modifyitems, pytest_configure, pytest_runtest_protocol, serial  # noqa: F401
 from waiting import wait_gone  # noqa: F401 - re-exported for the tests that import it from here
 
 from mjsched_isolated.config import Settings

@@ -112,7 +112,8 @@ class FakePool:
 
     ``hold(*job_names)`` (no name: every job) keeps new runs of those jobs busy until :meth:`finish`,
     :meth:`crash` or a kill. ``beat(run_id)`` makes a held run send a heartbeat. ``submitted`` lists every
-    request in order; ``killed`` the run ids the supervisor killed (``None`` for an idle worker).
+    request in order; ``killed`` the run ids the supervisor killed (``None`` for an idle worker),
+    ``terminated`` those it sent SIGTERM.
     """
 
     def __init__(self, size: int, plugins_dir: str) -> None:
@@ -128,6 +129,8 @@ class FakePool:
         self.recycled = 0
         self.submitted: list[protocol.RunRequest] = []
         self.killed: list[int | None] = []
+        self.terminated: list[int | None] = []  # run ids sent SIGTERM (at their deadline)
+        self.kill_batches: list[list[int | None]] = []  # run ids of each kill_all call (kills done together)
         self._holding: set[str] | None = set()  # job names held; None: every job
         self._held: dict[int, FakeWorker] = {}  # run id -> its worker
         self._to_run: list[FakeWorker] = []
@@ -171,6 +174,14 @@ class FakePool:
             self._to_run.remove(worker)
         self._vacate(worker)
         return run
+
+    def kill_all(self, workers: list[FakeWorker]) -> list[protocol.RunRequest | None]:
+        self.kill_batches.append([w.run.run_id if w.run is not None else None for w in workers])
+        return [self.kill(worker) for worker in workers]
+
+    def terminate(self, workers: list[FakeWorker]) -> None:
+        """SIGTERM: a held run keeps running (the test decides whether it ends: ``finish``, ``crash``)."""
+        self.terminated.extend(w.run.run_id if w.run is not None else None for w in workers)
 
     def wait(self, timeout_s: float, extra: Any = ()) -> tuple[list[ChildEvent], list[Any]]:
         """Execute the runs not held, then return every pending event at once (a worker is idle again

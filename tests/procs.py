@@ -22,10 +22,10 @@ class Serve:
     are collected by a reader thread (:class:`waiting.LogLines`)."""
 
     def __init__(self, db_url: str, *args: str, cwd: Path | None = None, plugins: str = FIXTURE_PLUGINS,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, **popen: Any) -> None:
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", "--db", db_url, "--plugins", plugins, *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                                     env=env)
+                                     env=env, **popen)
         assert self.proc.stdout is not None
         self.log_lines = LogLines(self.proc.stdout)
 

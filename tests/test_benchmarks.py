@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import compare
 import metrics
 import simulator
 import workload as wl
@@ -98,3 +99,98 @@ def test_simulator_calls_the_engines_planner(monkeypatch):
     assert calls["run_timeout_s"] >= 1 and calls["decide_missed_run"] == sim.stats["decide_calls"] > 0
     simulator.Simulator(_small(), simulator.SimConfig(cap=2, horizon_s=5.0, exact=True)).run()
     assert calls["decide"] > 0
+
+
+# ---------------------------------------------------------------- compare.py (side by side)
+
+@pytest.mark.timeout(10)
+def test_compare_window_counts_starts_after_the_first_run_and_cpu_is_interpolated_at_its_edges():
+    t = 1_800_000_000.0
+    runs = [{"job": f"j{i % 3}", "scheduled_at": t + i // 3, "exec_at": t + 0.5 + 0.1 * i,
+             "completed_at": t + 0.55 + 0.1 * i} for i in range(40)]
+    runs.append({"job": "j0", "scheduled_at": t, "exec_at": None, "completed_at": None})  # never began: not counted
+    # (time, supervisor CPU, workers CPU, machine busy, machine total): 1 s of supervisor CPU per s, 0.5 for workers
+    series = [(t + s, 1.0 * s, 0.5 * s, 1.5 * s, 2.0 * s) for s in range(0, 6)]
+    row = compare.measure(runs, series, warmup_s=1.0, window_s=2.0)
+    assert (row["t0"], row["t1"]) == (t + 1.5, t + 3.5)  # first start + warm-up, + window
+    assert row["runs"] == 20 and row["runs_per_s"] == 10  # exec_at 1.5 .. 3.4 inclusive
+    assert row["sup_ms_per_run"] == pytest.approx(100.0) and row["wrk_ms_per_run"] == pytest.approx(50.0)
+    assert row["busy_pct"] == pytest.approx(75.0) and row["dup"] == 1  # j0 at t has two rows
+    assert compare.at(series, t - 5, 1) == 0.0 and compare.at(series, t + 99, 2) == 2.5
+    with pytest.raises(ValueError, match="no run started"):
+        compare.window([], 1.0, 2.0)
+
+
+@pytest.mark.timeout(10)
+def test_compare_table_gives_median_min_max_load_per_row_and_the_ratio():
+    rows = [{"engine": e, "backend": "sqlite", "cap": 10, "supervisors": 1, "runs_per_s": v, "done_per_s": v,
+             "sup_ms_per_run": 1.0, "wrk_ms_per_run": 0.5, "late_p50_ms": 3.0, "busy_pct": 90.0, "dup": 0,
+             "left": 0, "loadavg_1m": load}
+            for e, v, load in (("mjsched", 100, 1.0), ("mjsched", 300, 1.2), ("mjsched", 200, 1.4),
+                               ("apscheduler", 50, 0.9), ("apscheduler", 100, 1.1), ("apscheduler", 150, 1.3))]
+    text = compare.table(rows)
+    assert "| sqlite | 10 | 1 | mjsched | 3 | 200 (100–300) |" in text and "1.0 / 1.2 / 1.4 |" in text
+    assert "sqlite cap 10: engine / APScheduler = 2.00" in text
+
+
+@pytest.mark.timeout(40)
+def test_compare_apscheduler_leaves_no_process_behind_even_a_hung_one(tmp_path):
+    import psutil
+    path = tmp_path / "tiny.toml"
+    path.write_text('name = "tiny"\njobs = 3\n[runtime]\ndistribution = "fixed"\nmean_ms = 1.0\n'
+                    "[faults]\nhang = 0.34\n")
+    w = wl.load(path)
+    row = compare.run_aps(w, str(path), cap=2, backend="sqlite", warmup_s=0.5, window_s=1.0)
+    assert row["runs"] >= 1 and row["left"] >= 1  # the pool, the hung process among it, outlived the scheduler
+    alive = [p for p in psutil.process_iter(["cmdline"]) if str(path) in " ".join(p.info["cmdline"] or [])]
+    assert alive == []
+
+
+@pytest.mark.timeout(30)
+def test_rawdb_bare_driver_replays_the_stores_sql_and_notices_when_it_does_not_do_the_same_work(tmp_path):
+    import rawdb
+    import runner
+    row = rawdb.bare_limit(runs=12, backend="sqlite", jobs=3)
+    assert row["path"] == "bare sqlite3" and row["runs"] == 12 and row["runs_per_s"] > 0
+    assert rawdb.raw_limit(runs=5, backend="sqlite", jobs=2)["path"] == "store"
+    batched = rawdb.bare_limit(runs=12, backend="sqlite", jobs=4, batch=4)  # claim_many / finish_runs, replayed
+    assert batched["runs"] == 12 and batched["batch"] == 4
+    ns = runner.Namespace("sqlite", tmp_path)  # record 4 runs, replay them twice on one database
+    store = rawdb.Store.open(ns.url)
+    recorder = rawdb.Recorder(store.engine)
+    rawdb._store_runs(store, 4, 2, mark=recorder.mark)
+    recorder.close()
+    store.close()
+    ops = recorder.ops[next(i for i, op in enumerate(recorder.ops) if op[0] == "run"):]
+    assert [op[0] for op in ops].count("commit") == 8  # claim and finish: one transaction each
+    other = runner.Namespace("sqlite", tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    store = rawdb.Store.open(other.url)
+    rawdb._setup(store, 2)
+    store.close()
+    conn = rawdb.bare_connect(other.url)
+    assert len(rawdb.replay(conn, ops)) == 4
+    with pytest.raises(RuntimeError, match="replay differs"):  # the occurrences are claimed already
+        rawdb.replay(conn, ops)
+    conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_compare_fleet_prediction_scales_with_supervisors_until_the_demand():
+    w = wl.parse({"name": "f", "jobs": 120, "cron_mix": {"every_second": 1.0},
+                  "runtime": {"distribution": "fixed", "mean_ms": 1.0}})
+    one = {"sup_ms_per_run": 19.0, "runs_per_s": 40.0}  # 19 ms CPU + 5 x 0.2 ms database: 50 runs/s a supervisor
+    pred = {p["supervisors"]: p["sim_runs_per_s"] for p in compare.fleet_prediction(w, one, 0.2, [1, 2, 4], cap=4)}
+    assert 45 <= pred[1] <= 51 and 90 <= pred[2] <= 102
+    assert 110 <= pred[4] <= 121  # 120 jobs every second: the demand, not 200
+
+
+@pytest.mark.timeout(10)
+def test_idle_burst_lateness_is_that_of_the_last_run_of_each_instant():
+    import idle
+    t = 1_800_000_000.0
+    runs = [{"scheduled_at": t + s, "exec_at": t + s + d, "started_at": t + s + d / 2}
+            for s, d in ((0, 0.010), (0, 0.030), (1, 0.005), (1, 0.020), (2, 0.5))]
+    runs.append({"scheduled_at": t + 1, "exec_at": None, "started_at": None})  # never began: ignored
+    assert idle.last_of_instant_ms(runs, "exec_at", t, t + 2) == pytest.approx([30.0, 20.0])  # instant 2 is out
+    assert idle.last_of_instant_ms(runs, "started_at", t + 1, t + 3) == pytest.approx([10.0, 250.0])

@@ -5,6 +5,9 @@ Rules (see mjsched_isolated/cron.py):
 2. in a repeated hour (fall back) an expression with a fixed hour field runs in the first copy only, one
    with a wildcard/step hour field runs in both copies;
 3. next_run_time is strictly increasing in UTC.
+Those are the default policies (dst_gap_policy Shift, dst_fold_policy OnceIfFixedHour); the others
+(gap Skip: no run; fold Once: first copy only, Both: both copies, whatever the hour field) are checked
+against the same reference.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def _matcher(expr: str):
     return (lambda w: w.second in secs and w.minute in mins and w.hour in hours), fixed_hour
 
 
-def reference(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+def reference(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime, gap: str = "Shift",
+              fold: str = "OnceIfFixedHour") -> list[dt.datetime]:
     """Occurrences in (start, end), by walking every UTC minute (second for 6 fields) and applying the rules."""
     tz = zoneinfo.ZoneInfo(zone_name)
     matches, fixed_hour = _matcher(expr)
@@ -74,7 +78,7 @@ def reference(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime) -
         off = local.utcoffset()
         wall = local.replace(tzinfo=None)
         run = False
-        if off > prev_off:  # u is the first instant after a gap: did a nonexistent wall time match?
+        if off > prev_off and gap == "Shift":  # u is the first instant after a gap: did a nonexistent wall time match?
             w = u.replace(tzinfo=None) + prev_off  # first nonexistent wall time
             while w < wall and not run:
                 run = matches(w)
@@ -82,7 +86,8 @@ def reference(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime) -
         if matches(wall):
             ambiguous = (wall.replace(tzinfo=tz, fold=0).utcoffset()
                          != wall.replace(tzinfo=tz, fold=1).utcoffset())  # exists (from u), so a fold
-            if not ambiguous or not fixed_hour or local.fold == 0:
+            both = fold == "Both" or (fold == "OnceIfFixedHour" and not fixed_hour)
+            if not ambiguous or both or local.fold == 0:
                 run = True
         if run:
             out.append(u)
@@ -91,12 +96,12 @@ def reference(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime) -
     return out
 
 
-def iterate(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+def iterate(expr: str, zone_name: str, start: dt.datetime, end: dt.datetime, *policies: str) -> list[dt.datetime]:
     out = []
-    t = cron.next_run_time(expr, zone_name, start)
+    t = cron.next_run_time(expr, zone_name, start, *policies)
     while t < end:
         out.append(t)
-        nxt = cron.next_run_time(expr, zone_name, t)
+        nxt = cron.next_run_time(expr, zone_name, t, *policies)
         assert nxt > t
         t = nxt
     return out
@@ -157,6 +162,19 @@ def test_matches_brute_force_reference(expr, half, zone_name, instant):
     expected = reference(expr, zone_name, start, end)
     assert expected, "window should contain occurrences"
     assert iterate(expr, zone_name, start, end) == expected
+
+
+POLICY_CASES = [c for c in CASES if c[0] in ("30 2 * * *", "0 * * * *", "30 1 * * *", "* 2 * * *", "0 1-3 * * *",
+                                             "0 30 2 * * *")]
+POLICIES = [("Skip", "OnceIfFixedHour"), ("Shift", "Once"), ("Shift", "Both"), ("Skip", "Once"), ("Skip", "Both")]
+
+
+@pytest.mark.parametrize(("zone_name", "instant"), TRANSITIONS, ids=[f"{z}-{t:%m%d}" for z, t in TRANSITIONS])
+@pytest.mark.parametrize(("expr", "half"), POLICY_CASES, ids=[c[0] for c in POLICY_CASES])
+@pytest.mark.parametrize(("gap", "fold"), POLICIES[:3], ids=[f"{g}-{f}" for g, f in POLICIES[:3]])
+def test_policies_match_brute_force_reference(gap, fold, expr, half, zone_name, instant):
+    start, end = instant - half, instant + half
+    assert iterate(expr, zone_name, start, end, gap, fold) == reference(expr, zone_name, start, end, gap, fold)
 
 
 # --- pinned examples ------------------------------------------------------------------------------------
@@ -235,6 +253,57 @@ def test_six_field_gap_and_fold():
         utc(2024, 10, 27, 0, 30), utc(2024, 10, 28, 1, 30)]
 
 
+def test_gap_skip_does_not_run_the_missing_slot():
+    # 02:30 does not exist in Berlin on 2024-03-31: under Skip there is no run that day
+    assert iterate("30 2 * * *", "Europe/Berlin", utc(2024, 3, 30, 12), utc(2024, 4, 2), "Skip", "OnceIfFixedHour") == [
+        utc(2024, 4, 1, 0, 30)]
+    # slots outside the gap keep their times; 03:00 CEST itself matches and runs
+    assert iterate("0 * * * *", "Europe/Berlin", utc(2024, 3, 31, 0, 30), utc(2024, 3, 31, 2, 30), "Skip", "Once") == [
+        utc(2024, 3, 31, 1, 0), utc(2024, 3, 31, 2, 0)]
+    assert iterate("* 2 * * *", "Europe/Berlin", utc(2024, 3, 30, 12), utc(2024, 4, 1, 0, 2), "Skip", "Once") == [
+        utc(2024, 4, 1, 0, 0), utc(2024, 4, 1, 0, 1)]
+
+
+def test_fold_once_runs_a_wildcard_hour_in_the_first_copy_only():
+    # 01:00 PDT (08:00Z) runs, 01:00 PST (09:00Z) is the same wall time again: not under Once
+    assert iterate("0 * * * *", "America/Los_Angeles", utc(2025, 11, 2, 7, 30), utc(2025, 11, 2, 10, 30),
+                   "Shift", "Once") == [utc(2025, 11, 2, 8, 0), utc(2025, 11, 2, 10, 0)]
+    # asked from inside the second copy: the next new wall time
+    assert cron.next_run_time("*/15 * * * *", "America/Los_Angeles", utc(2025, 11, 2, 9, 20), "Shift",
+                              "Once") == utc(2025, 11, 2, 10, 0)
+
+
+def test_fold_both_runs_a_fixed_hour_twice():
+    assert iterate("30 1 * * *", "America/New_York", utc(2024, 11, 2, 12), utc(2024, 11, 4, 12), "Shift", "Both") == [
+        utc(2024, 11, 3, 5, 30), utc(2024, 11, 3, 6, 30), utc(2024, 11, 4, 6, 30)]
+
+
+@pytest.mark.parametrize(("field", "policies"), [("dst_gap_policy", ("Later", "Once")),
+                                                 ("dst_fold_policy", ("Shift", "Twice")),
+                                                 ("dst_fold_policy", ("Shift", "once"))])
+def test_unknown_policy_is_refused_naming_it(field, policies):
+    with pytest.raises(CronError) as err:
+        cron.next_run_time("0 2 * * *", "Europe/Berlin", utc(2024, 1, 1), *policies)
+    assert err.value.field == field
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    where=st.sampled_from(TRANSITIONS),
+    expr=st.sampled_from(["0 2 * * *", "30 1 * * *", "0 * * * *", "*/15 * * * *", "* 2 * * *", "0 1-3 * * *"]),
+    policies=st.sampled_from(POLICIES),
+    offset_s=st.integers(min_value=-2 * 86400, max_value=2 * 86400),
+    micros=st.integers(min_value=0, max_value=999_999),
+)
+def test_strictly_increasing_under_every_policy(where, expr, policies, offset_s, micros):
+    zone_name, instant = where
+    t = instant + dt.timedelta(seconds=offset_s, microseconds=micros)
+    for _ in range(8):
+        nxt = cron.next_run_time(expr, zone_name, t, *policies)
+        assert nxt > t
+        t = nxt
+
+
 def test_microsecond_after_inside_fold():
     t = utc(2025, 11, 2, 8, 59, 59, 999999)
     assert cron.next_run_time("0 * * * *", "America/Los_Angeles", t) == utc(2025, 11, 2, 9, 0)
@@ -272,6 +341,18 @@ def test_describe_next_notes_gap():
     assert rows[0]["note"] == "moved: 2024-03-31 02:30 does not exist (DST gap)"
     assert rows[1]["note"] is None
     assert rows[1]["utc"] == utc(2024, 4, 1, 0, 30)
+
+
+def test_describe_next_under_skip_and_both():
+    rows = cronshow.describe_next("30 2 * * *", "Europe/Berlin", utc(2024, 3, 30, 12), 2, dst_gap_policy="Skip")
+    assert [(r["utc"], r["note"]) for r in rows] == [
+        (utc(2024, 4, 1, 0, 30), "skipped before this: 2024-03-31 02:30 does not exist (DST gap)"),
+        (utc(2024, 4, 2, 0, 30), None)]
+    rows = cronshow.describe_next("30 1 * * *", "America/New_York", utc(2024, 11, 2, 12), 2, dst_fold_policy="Both")
+    assert [r["note"] for r in rows] == ["repeated hour: first copy", "repeated hour: second copy"]
+    with pytest.raises(CronError) as err:
+        cronshow.describe_next("30 1 * * *", "UTC", utc(2024, 1, 1), 1, dst_fold_policy="Twice")
+    assert err.value.field == "dst_fold_policy"
 
 
 def test_describe_next_notes_collapsed_gap_slots():

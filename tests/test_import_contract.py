@@ -201,11 +201,17 @@ def test_workers_under_both_launchers_hold_no_database_code_and_the_same_memory(
 
 
 def test_a_plugin_printing_to_stdout_leaves_jobs_run_json_clean(tmp_path):
-    """print(), os.write(1, ...) and a subprocess inheriting fd 1 all land on stderr, not in the JSON."""
+    """print(), os.write(1, ...) and a subprocess inheriting fd 1 all land in the run's output (the
+    worker's fds 1 and 2 are its capture pipe), neither in the JSON nor on stderr."""
     details, stderr = _run_json(_launchers()["python -m"], tmp_path, "print_stdout")
     assert details == {"printed": True}
+    store = Store.open(f"sqlite:///{tmp_path / 'm.db'}")
+    try:
+        output = "".join(text for _, text in store.run_output(store.list_runs(limit=1)[0]["id"]))
+    finally:
+        store.close()
     for text in ("PLUGIN-PRINT", "PLUGIN-FD1", "PLUGIN-SUBPROCESS"):
-        assert text in stderr  # not lost: the worker's fd 1 is its fd 2
+        assert text in output and text not in stderr  # not lost: stored with the run
 
 
 APPLICATION = """

@@ -1,12 +1,19 @@
-"""The liveness lease's measurement of the database clock offset (a real SQLite store)."""
+"""The liveness lease: its measurement of the database clock offset (a real SQLite store), and the
+supervisor's identity."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import socket
 import time
 
+from conftest import FIXTURE_PLUGINS, add_job
+from fakes import FakePool
+
+from mjsched_isolated.config import Settings
 from mjsched_isolated.store import Store
-from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor import Supervisor, utcnow
 from mjsched_isolated.supervisor.liveness import Liveness
 
 
@@ -60,3 +67,61 @@ def test_a_renewal_after_more_than_a_ttl_says_runs_may_have_been_abandoned(tmp_p
     assert lease.maintain(time.monotonic())
     assert "longer than the 0.05 s TTL" in caplog.text
     store.close()
+
+
+def test_a_restart_with_the_same_hostname_and_pid_recovers_the_crashed_run(mem_store, fake_factory):
+    """A container's entrypoint is PID 1 at every start and its hostname survives a restart. Two
+    supervisors made in this one process have the same hostname and pid, as the two lives of such a
+    container do: the first is "SIGKILLed" (it stops renewing and says nothing), the second starts. The
+    crashed run must be recorded Failed within the TTL plus a poll, not kept "live" under a shared name."""
+    store = mem_store
+    timing = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "rescan_interval_s": 0.2}
+    first = fake_factory(**timing)
+    first.pool.hold()
+    add_job(store, "long", "ok", "0 0 1 1 *")
+    first.until(lambda: bool(store.running_runs()))
+    (run,) = store.running_runs()
+
+    second = fake_factory(**timing)  # the first is never cycled again: its lease lapses
+    assert second.settings.instance != first.settings.instance
+    second.until(lambda: store.get_run(run["id"])["status"] != "Running", 10)
+    recorded = store.get_run(run["id"])
+    assert recorded["status"] == "Failed" and "abandoned" in recorded["error_message"]
+    assert first.settings.instance in recorded["error_message"]
+    rows = {r["instance"]: r for r in store.list_supervisors()}
+    assert {(rows[d.settings.instance]["hostname"], rows[d.settings.instance]["pid"]) for d in (first, second)} == {
+        (socket.gethostname(), os.getpid())}  # hostname and pid kept, as labels
+
+
+class SlowPollStore(Store):
+    """A real store whose every rescan takes ``delay_s`` (a database far away, a large backlog)."""
+
+    delay_s = 0.0
+
+    def abandon_orphaned_runs(self, *args, **kwargs):
+        time.sleep(self.delay_s)  # latency of the poll's database work, not synchronisation
+        return super().abandon_orphaned_runs(*args, **kwargs)
+
+
+def test_a_slow_poll_does_not_starve_the_renewal_under_serve(tmp_path, caplog):
+    """Each rescan takes 2 s, longer than the 1.5 s TTL: renewed from the loop between polls, the lease
+    would lapse at every poll (another supervisor may then abandon the run, and a real worker's watchdog
+    fences itself at 0.8 x TTL). Under serve the renewal thread renews every 0.3 s whatever the loop is
+    doing: no gap longer than the TTL, and the held run lives until the shutdown cancels it."""
+    url = f"sqlite:///{tmp_path / 'slow.db'}"
+    store = SlowPollStore.open(url)
+    add_job(store, "long", "ok", "0 0 1 1 *")
+    settings = Settings(database_url=url, plugins_dir=FIXTURE_PLUGINS, max_concurrent_jobs=1, lease_ttl_s=1.5,
+                        lease_renew_interval_s=0.3, rescan_interval_s=0.2, shutdown_timeout_s=0)
+    pool = FakePool(1, FIXTURE_PLUGINS)
+    pool.hold()
+    sup = Supervisor(settings, store, pool)
+    store.delay_s = 2.0
+    try:
+        assert sup.serve(run_for_s=4.0) == 0
+        (run,) = store.list_runs(job_name="long")
+        assert run["status"] == "Cancelled" and "shutdown" in run["error_message"], run["error_message"]
+        assert "longer than the 1.5 s TTL" not in caplog.text
+        assert sup.renewer is not None and sup.renewer.renewals >= 6
+    finally:
+        store.close()

@@ -25,7 +25,7 @@ WORKER_FACT_TYPES = {"report_modules", "print_stdout", "async_beat"}
 FIXTURE_TYPES = BEHAVIOUR_TYPES | WORKER_FACT_TYPES
 OVERRIDE_WARNING = "plugin my_shell.py overrides the built-in job type 'shell' (mjsched_isolated.plugins.shell)"
 OVERRIDE_WARNING = "plugin my_shell.py overrides the built-in job type 'shell' (mjsched_isolated.plugins.shell)"
-BUILTIN_TYPES = {"shell", "http_check", "file_retention", "sqlite_backup", "python_callable"}
+BUILTIN_TYPES = {"shell", "http_check", "file_retention", "sqlite_backup", "python_callable", "steps"}
 
 
 @pytest.fixture(autouse=True)

@@ -22,15 +22,18 @@ from clirun import Cli
 from conftest import BACKENDS, FIXTURE_PLUGINS, isolated_database
 from procs import Serve
 
+from mjsched_isolated import planner
 from mjsched_isolated.store import Store, migrate, schema
 from mjsched_isolated.store.schema import jobs, runs, supervisors
 
 UTC = dt.UTC
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 HEAD = migrate.head_revision()
-OUTDATED = ("database schema is at revision 0001, this version needs 0002: run `python -m mjsched_isolated db "
+OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: run `python -m mjsched_isolated db "
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
+NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
+TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -38,10 +41,17 @@ def make_at(url: str, revision: str, *, stamped: bool = True) -> sa.Engine:
     """A database migrated to ``revision``; without ``stamped`` it has no alembic_version, like one made
     by create_all before migrations existed."""
     engine = schema.connect(url)
-    with engine.begin() as conn:
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":  # as migrate does: a table rebuild must not cascade
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
         command.upgrade(migrate.config(conn), revision)
         if not stamped:
             conn.execute(sa.text("DROP TABLE alembic_version"))
+        conn.commit()
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()
     return engine
 
 
@@ -124,10 +134,15 @@ def reflect(engine: sa.Engine) -> dict:
 
 
 def without_0002(reflected: dict) -> dict:
-    """What 0001 should be: the current schema minus what 0002 adds."""
-    out = {k: v for k, v in reflected.items() if k != "notifications"}
+    """What 0001 should be: the current schema minus what 0002 and later revisions add (tables
+    notifications, run_output, plugin_reloads, audit_log; columns below; 0006's ix_runs_started_at)."""
+    out = {k: v for k, v in reflected.items()
+           if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
+    out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
+                                               if k not in NEW_RUN_COLUMNS},
+                   "indexes": [i for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"]}
     return out
 
 
@@ -198,12 +213,92 @@ def test_unstamped_database_that_already_has_the_outbox_is_recognised_as_0002(ba
     try:
         fill(engine)
         assert migrate.check(engine) == migrate.SchemaStatus("0002", HEAD, "legacy")
-        assert "no version stamp" in migrate.check(engine).message() and "db upgrade" in migrate.check(engine).message()
+        message = migrate.check(engine).message()  # head 0002: nothing but the stamp is missing; later: an upgrade
+        assert ("no version stamp" if HEAD == "0002" else f"this version needs {HEAD}") in message
+        assert "db upgrade" in message
         was, now = migrate.upgrade(engine)
         assert (was.current, now.current, now.state) == ("0002", HEAD, "current")
         store = Store.open(backend_url)
         try:
             assert store.get_job("leased")["lock_token"] == "0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11"
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0003_keeps_every_row_and_id_and_ids_are_never_reused(backend_url):
+    """0003 (SQLite: a rebuild of jobs, runs and notifications with AUTOINCREMENT; elsewhere: two added
+    columns) keeps every row and id, the foreign key and cascade still work, existing runs carry no cancel
+    request, and a deleted newest run's or job's id is not handed out again."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        with engine.begin() as conn:
+            conn.execute(schema.notifications.insert().values(
+                id=5, channel="email", event="Failure", job_id=1, job_name="leased", run_id=11, subject="s",
+                body="b", next_attempt_at=T0, created_at=T0))
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)]
+                       for t in ("jobs", "runs", "supervisors", "notifications")}
+        before = snapshot(engine, old_columns)
+        if engine.dialect.name == "sqlite":  # only through migrate (foreign keys off), or the runs would go
+            with engine.begin() as conn, pytest.raises(RuntimeError, match="foreign keys off"):
+                command.upgrade(migrate.config(conn), "0003")
+        assert migrate.upgrade(engine)[1].current == HEAD
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            cancels = conn.execute(sa.select(runs.c.cancel_requested_at, runs.c.cancel_requested_by)).all()
+        assert cancels and all(tuple(c) == (None, None) for c in cancels)
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as conn:
+                ddl = dict(conn.execute(sa.text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).all())
+            assert all("AUTOINCREMENT" in ddl[t] for t in ("jobs", "runs", "notifications"))
+            assert "ON DELETE CASCADE" in ddl["runs"] and "ck_status" in ddl["runs"]
+
+        with engine.begin() as conn:
+            conn.execute(jobs.delete().where(jobs.c.id == 1))  # the foreign key's cascade still removes runs
+            assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar() == 0
+        if engine.dialect.name != "sqlite":  # the rows above have explicit ids: their sequences never moved
+            return
+        with engine.begin() as conn:
+            for table in (jobs, schema.notifications):
+                conn.execute(table.delete())
+            job_id = conn.execute(jobs.insert().values(name="again", job_type="ok", cron_expression="* * * * *",
+                                                       created_at=T0, updated_at=T0)).inserted_primary_key
+            run_id = conn.execute(runs.insert().values(job_id=job_id[0], started_at=T0)).inserted_primary_key
+            note_id = conn.execute(schema.notifications.insert().values(
+                channel="email", event="Failure", job_name="again", subject="s", body="b", next_attempt_at=T0,
+                created_at=T0)).inserted_primary_key
+        newest_run = max(r["id"] for r in before["runs"])
+        assert (run_id[0], job_id[0], note_id[0]) == (newest_run + 1, 3, 6)  # not 1, 1, 1: nothing reused
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url):
+    """0002 -> 0007 with data: nothing changes, every existing job gets Shift / OnceIfFixedHour (the rules
+    it had), and the planner reads the upgraded row as before."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(jobs.c.id, jobs.c.dst_gap_policy, jobs.c.dst_fold_policy,
+                                          jobs.c.missed_run_grace_s, jobs.c.max_total_runtime_s)
+                                .order_by(jobs.c.id)).all()
+        assert [tuple(r) for r in rows] == [(1, "Shift", "OnceIfFixedHour", None, None),
+                                            (2, "Shift", "OnceIfFixedHour", None, None)]
+        store = Store.open(backend_url, auto_upgrade=True)
+        try:
+            job = store.get_job("leased")
+            assert planner.occurrence_after(job, T0) == dt.datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
         finally:
             store.close()
     finally:
@@ -287,7 +382,7 @@ def test_serve_auto_upgrade_upgrades_then_runs_a_job(db_url):
                                           next_run_at=now, created_at=now, updated_at=now))
     serve = Serve(db_url, "--auto-upgrade")
     try:
-        serve.wait_for(r"database schema upgraded from 0001 to 0002")
+        serve.wait_for(rf"database schema upgraded from 0001 to {HEAD}")
         serve.wait_for(r"run \d+ finished: job due Completed")
     finally:
         serve.stop()
@@ -301,11 +396,11 @@ def test_db_current_and_upgrade(cli, db_url):
     proc = cli("db", "current", "--db", db_url)
     assert (proc.returncode, proc.stdout) == (1, OUTDATED + "\n")
     proc = cli("db", "upgrade", "--db", db_url, "--log-level", "WARNING")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "database schema upgraded: 0001 -> 0002\n", "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"database schema upgraded: 0001 -> {HEAD}\n", "")
     proc = cli("db", "current", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema is at revision 0002 (head): up to date\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema is at revision {HEAD} (head): up to date\n")
     proc = cli("db", "upgrade", "--db", db_url)
-    assert (proc.returncode, proc.stdout) == (0, "database schema already at 0002 (head): nothing to do\n")
+    assert (proc.returncode, proc.stdout) == (0, f"database schema already at {HEAD} (head): nothing to do\n")
     engine = schema.connect(db_url)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))

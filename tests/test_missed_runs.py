@@ -72,8 +72,8 @@ def test_runall_backlog_is_bounded_without_enumerating_it():
     started = time.perf_counter()
     decision = planner.decide(job, now, max_catchup_runs=100)
     elapsed = time.perf_counter() - started
-    assert decision == planner.Decision(run=False, next_run_at=now - dt.timedelta(seconds=99), missed=True,
-                                        skipped_older=True)
+    assert decision == planner.Decision(run=True, next_run_at=now - dt.timedelta(seconds=98), missed=True,
+                                        skipped_older=True, scheduled_at=now - dt.timedelta(seconds=99))
     assert elapsed < 2.0  # generous; about 10 ms here, the point is that it is not 600,000 steps
     # a backlog shorter than the bound is left alone
     short = {**job, "next_run_at": now - dt.timedelta(seconds=50)}
@@ -134,10 +134,11 @@ def test_runall_bound_holds_for_an_uneven_schedule():
     job = {"cron_expression": "* * 1 * *", "timezone": "UTC", "next_run_at": now - dt.timedelta(days=40),
            "missed_run_policy": "RunAll", "end_at": None}
     decision = planner.decide(job, now, max_catchup_runs=100)
-    assert decision == planner.Decision(run=False, next_run_at=dt.datetime(2026, 11, 1, 22, 20, tzinfo=UTC),
-                                        missed=True, skipped_older=True)
-    # from there on, exactly the newest 100 occurrences run, then the next future one
-    job["next_run_at"], ran = decision.next_run_at, 0
+    assert decision == planner.Decision(run=True, next_run_at=dt.datetime(2026, 11, 1, 22, 21, tzinfo=UTC),
+                                        missed=True, skipped_older=True,
+                                        scheduled_at=dt.datetime(2026, 11, 1, 22, 20, tzinfo=UTC))
+    # the oldest kept runs at once; from there on, exactly the newest 100 occurrences run, then the next future one
+    job["next_run_at"], ran = decision.next_run_at, 1
     while True:
         decision = planner.decide(job, now, max_catchup_runs=100)
         if not decision.missed and decision.run:

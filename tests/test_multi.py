@@ -13,11 +13,13 @@ from collections import Counter, defaultdict
 
 import psutil
 import pytest
-from conftest import REQUIRE_SERVERS, add_job, isolated_database
+from conftest import REQUIRE_SERVERS, add_job, isolated_database, serial
 from procs import Serve
 from waiting import wait_gone, wait_until
 
 from mjsched_isolated.store import Store
+
+pytestmark = serial  # lease timing and several supervisors: one at a time (conftest)
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])

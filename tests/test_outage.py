@@ -27,7 +27,7 @@ from collections import Counter
 import psutil
 import pytest
 import sqlalchemy as sa
-from conftest import add_job, isolated_database
+from conftest import add_job, isolated_database, serial
 from procs import Serve
 from waiting import wait_gone, wait_until
 
@@ -39,6 +39,8 @@ UTC = dt.UTC
 PG_VERSION = min(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else "15"
 PG_CLUSTER = ["pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, "main"]
 FAILURE = r"poll failed|lease renewal failed|not recorded yet"
+
+pytestmark = serial  # fencing deadlines of a few seconds: one at a time (conftest)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -68,7 +70,8 @@ def _no_duplicate_occurrences(store: Store) -> None:
 
 
 def _instance(serve: Serve) -> str:
-    return f"{socket.gethostname()}-{serve.proc.pid}"
+    """The serve's instance id (``<hostname>-<pid>-<random>``: unique per start), from its start line."""
+    return serve.wait_for(r"supervisor (\S+) started:", seen=True).group(1)
 
 
 def _stop_gracefully(sups: list[Serve], timeout_s: float = 25.0) -> list[int]:
@@ -154,6 +157,7 @@ def _hard_close(sock: socket.socket) -> None:
 
 
 # -- 1. PostgreSQL restarted under two supervisors -------------------------------------------------------
+@pytest.mark.alone  # the shared PostgreSQL server goes down: no other test may run meanwhile
 @pytest.mark.timeout(90)
 def test_postgres_restart_while_runs_are_in_flight(tmp_path):
     # a lease long enough that a server stop + start, slow on a loaded machine (5.5 s seen), stays below the

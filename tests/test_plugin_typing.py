@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import serial
 from plugin_helpers import run_job
 
 from mjsched_isolated.worker.loader import load_plugins
@@ -46,6 +47,7 @@ def plugins(tmp_path_factory):
     return registry.classes
 
 
+@serial  # a whole mypy run takes a core for seconds: not beside a timing test (conftest)
 def test_the_examples_type_check_and_a_misspelt_field_is_an_error(tmp_path):
     examples = _examples()
     wrong = re.sub(r"^( +)(config = context.configuration.*)$", r"\1\2\n\1print(config.urll)", examples["Ping"],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import add_job
+from conftest import add_job, serial
 from procs import serves
 from waiting import LogLines, wait_gone, wait_until
 
@@ -58,6 +58,7 @@ def test_shutdown_timeout_cancels_what_is_left(store, serve, tmp_path):
     assert wait_gone(grandchildren) == []
 
 
+@serial  # a 1.5 s lease renewed in time: one timing test at a time (conftest)
 def test_the_liveness_lease_is_renewed_while_draining(store, serve):
     """A drain longer than the lease TTL: the supervisor must keep renewing, or the workers' watchdogs
     fence (SIGKILL) runs that the shutdown timeout allows to finish."""

@@ -34,14 +34,16 @@ from mjsched_isolated.store import (
     NextDueJob,
     NotificationRow,
     OutboxRow,
+    PluginReloadRow,
     RecentFailure,
+    RunOutputRow,
     RunRow,
     RunView,
     Store,
     SupervisorRow,
     SupervisorStatus,
 )
-from mjsched_isolated.store.schema import jobs, notifications, runs, supervisors
+from mjsched_isolated.store.schema import jobs, notifications, plugin_reloads, run_output, runs, supervisors
 from mjsched_isolated.store.text import fit_json, fit_text
 
 UTC = dt.UTC
@@ -736,7 +738,7 @@ def test_supervisor_is_alive_while_its_lease_is_in_the_future(frozen):
     claim = _claim(store, job, instance="a")
     assert _claim(store, store.get_job("j"), instance="b") is None
     assert store.abandon_orphaned_runs() == []
-    assert store.held_runs({claim.run_id}) == {claim.run_id}
+    assert store.held_runs({claim.run_id: claim.lock_token}, "a") == {claim.run_id: None}
 
 
 @pytest.mark.parametrize("then", ["sweep", "claim"])
@@ -853,22 +855,47 @@ def test_held_runs_keeps_only_running_runs_still_carrying_their_lease(any_store)
     held = _claim(store, add_job(store, "held", "ok", now=NOW, next_run_at=NOW), instance="me:1")
     leaseless = _claim(store, add_job(store, "conc", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent"),
                        instance="me:1", take_lease=False)
-    orphan = _claim(store, add_job(store, "orphan", "ok", now=NOW, next_run_at=NOW), instance="dead:3")
-    taken = _claim(store, add_job(store, "taken", "ok", now=NOW, next_run_at=NOW), instance="old:2")
+    orphan = _claim(store, add_job(store, "orphan", "ok", now=NOW, next_run_at=NOW), instance="me:1")
+    taken = _claim(store, add_job(store, "taken", "ok", now=NOW, next_run_at=NOW), instance="me:1")
     released = _claim(store, add_job(store, "released", "ok", now=NOW, next_run_at=NOW), instance="me:1")
     finished = _claim(store, add_job(store, "finished", "ok", now=NOW, next_run_at=NOW), instance="me:1")
-    everything = {c.run_id for c in (held, leaseless, orphan, taken, released, finished)}
-    assert store.held_runs(everything) == everything
-    assert store.held_runs(everything | {987654}) == everything  # unknown ids are dropped
+    claims = (held, leaseless, orphan, taken, released, finished)
+    everything = {c.run_id: c.lock_token for c in claims}
+    assert store.held_runs(everything, "me:1") == dict.fromkeys(everything)
+    assert store.held_runs({**everything, 987654: None}, "me:1") == dict.fromkeys(everything)  # unknown: dropped
+    assert store.held_runs(everything, "old:2") == {}  # another instance's runs are not its own
 
+    with store.engine.begin() as conn:  # the orphan's row now says another (dead) supervisor ran it
+        conn.execute(runs.update().where(runs.c.id == orphan.run_id)
+                     .values(executed_by_instance="dead:3"))
     assert [r["id"] for r in store.abandon_orphaned_runs()] == [orphan.run_id]  # dead:3 never registered
-    _stop(store, "old:2")
-    assert _claim(store, store.get_job("taken"), instance="me:1") is not None  # token changed
+    _stop(store, "me:1")
+    _register(store, "old:2")
+    assert _claim(store, store.get_job("taken"), instance="old:2") is not None  # token changed
+    _register(store, "me:1")
     assert store.release(store.get_job("released")["id"], released.lock_token)  # token cleared
     assert _finish(store, finished, store.get_job("finished")["id"])
-    assert store.held_runs(everything) == {held.run_id, leaseless.run_id}
-    assert store.held_runs({held.run_id}) == {held.run_id}
-    assert store.held_runs(set()) == set()
+    assert store.held_runs(everything, "me:1") == {held.run_id: None, leaseless.run_id: None}
+    assert store.held_runs({held.run_id: "another token"}, "me:1") == {}  # a run row is matched by its token
+    assert store.held_runs({leaseless.run_id: held.lock_token}, "me:1") == {}
+    assert store.held_runs({}, "me:1") == {}
+
+
+def test_cancel_request_is_reported_by_held_runs_and_kept_once(any_store):
+    store = any_store
+    _register(store, "me:1")
+    claim = _claim(store, add_job(store, "j", "ok", now=NOW, next_run_at=NOW), instance="me:1")
+    first = store.request_cancel(claim.run_id, "alice@host")
+    assert first is not None and first["cancel_requested_by"] == "alice@host"
+    assert first["cancel_requested_at"] is not None and first["status"] == "Running"
+    again = store.request_cancel(claim.run_id, "bob@host")  # the first request stands
+    assert again is not None and (again["cancel_requested_by"], again["cancel_requested_at"]) == (
+        "alice@host", first["cancel_requested_at"])
+    assert store.held_runs({claim.run_id: claim.lock_token}, "me:1") == {claim.run_id: "alice@host"}
+    assert store.request_cancel(987654, "alice@host") is None
+    assert _finish(store, claim, store.get_job("j")["id"])
+    done = store.request_cancel(claim.run_id, "carol@host")  # finished: nothing written
+    assert done is not None and done["status"] == "Completed" and done["cancel_requested_by"] == "alice@host"
 
 
 # -- due_jobs / next_due_at / queue_now ----------------------------------------------------------------
@@ -1312,7 +1339,8 @@ def _keys(row_type: type) -> set[str]:
 
 def test_column_rows_declare_exactly_their_tables_columns():
     for row_type, table in ((JobRow, jobs), (RunRow, runs), (SupervisorRow, supervisors),
-                            (NotificationRow, notifications)):
+                            (NotificationRow, notifications), (RunOutputRow, run_output),
+                            (PluginReloadRow, plugin_reloads)):
         assert _keys(row_type) == set(table.c.keys()), row_type.__name__
     assert _keys(OutboxRow) == set(notifications.c.keys()) - {
         "id", "status", "attempts", "next_attempt_at", "claimed_by", "claimed_until", "last_error", "created_at",
@@ -1436,11 +1464,26 @@ def test_finish_run_fits_oversized_text_into_every_backend(any_store):
 # -- run ids ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: SQLite hands out a deleted run id again (needs "
-                                       "sqlite_autoincrement and a table-rebuild migration)")
 def test_sqlite_never_reuses_a_run_id(store):
     job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
     first = _claim(store, job)
     store.remove_job("j")
     second = _claim(store, add_job(store, "j", "ok", now=NOW, next_run_at=NOW))
     assert second.run_id != first.run_id
+    assert store.get_job("j")["id"] != job["id"]  # nor a job id
+
+
+def test_a_result_is_matched_by_run_id_and_token(any_store):
+    """A result carrying another lease token (a run of a removed job whose id came back, or a fenced run)
+    never lands on the run row, and its heartbeat moves no deadline."""
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+    claim = _claim(store, job)
+    assert not store.finish_run(claim.run_id, job["id"], "another token", status="Completed", success=True,
+                                error_message=None, details=None, duration_ms=1.0)
+    assert not store.finish_run(claim.run_id, job["id"], None, status="Completed", success=True,
+                                error_message=None, details=None, duration_ms=1.0)
+    store.extend(job["id"], None, 60, claim.run_id, NOW + dt.timedelta(days=1))  # a leaseless run's heartbeat
+    run = store.get_run(claim.run_id)
+    assert run["status"] == "Running" and run["deadline_at"] == NOW + dt.timedelta(minutes=5)
+    assert _finish(store, claim, job["id"])

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from pathlib import Path
 
 import psutil
+import pytest
 import sqlalchemy as sa
-from conftest import add_job, wait_gone
+from conftest import FIXTURE_PLUGINS, Driver, add_job, wait_gone
+from fakes import FakePool
 
 from mjsched_isolated.config import Settings
+from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.trouble import Trouble
 
 YEARLY = "0 0 1 1 *"  # never due again within a test: each job runs once, when added
 
@@ -104,7 +109,7 @@ def test_a_worker_dying_during_a_run_fails_that_run_only(mem_store, fake_factory
 
 def test_deadline_kills_the_run_records_timeout_and_other_jobs_stay_on_time(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.5)
+    d = fake_factory(lease_timeout_s=1.5, kill_grace_s=0)  # SIGKILL at once (the grace: tests/test_kills.py)
     d.pool.hold("hang1")
     add_job(store, "hang1", "ok", YEARLY)
     at = d.timeline()
@@ -164,7 +169,7 @@ def test_bad_job_rows_are_reported_and_skipped_and_the_scheduler_goes_on(mem_sto
 
 def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     add_job(store, "silent", "ok", YEARLY)
@@ -185,7 +190,7 @@ def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_fac
 
 def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)  # heartbeat_interval_s stays 300 s
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0, kill_grace_s=0)  # heartbeat_interval_s: 300 s
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     at = d.timeline()
@@ -280,6 +285,8 @@ def test_orphaned_run_of_a_dead_supervisor_is_abandoned(mem_store, fake_factory)
     run = store.get_run(claim.run_id)
     assert run["status"] == "Failed" and "deadhost-42" in run["error_message"] and "abandoned" in run["error_message"]
     assert store.get_job("orphan")["lock_token"] is None
+    # its duration is completed_at - started_at, as for every other run (it had none)
+    assert run["duration_ms"] == pytest.approx((run["completed_at"] - run["started_at"]).total_seconds() * 1000)
 
 
 def test_status_window_and_run_immediately(mem_store, fake_factory):
@@ -427,7 +434,7 @@ def test_os_exit_and_segfault_cost_one_run_and_the_slot_is_refilled(store, drive
 
 
 def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(store, driver_factory, tmp_path):
-    d = driver_factory(lease_timeout_s=1.5)
+    d = driver_factory(lease_timeout_s=1.5, kill_grace_s=0.2)  # the plugin blocks SIGTERM: SIGKILL after 0.2 s
     config = json.dumps({"marker_dir": str(tmp_path)})
     add_job(store, "hang1", "hang", YEARLY, configuration=config)
     d.until(lambda: list(tmp_path.glob("hang1.*.started")))  # written after the grandchild's file
@@ -439,7 +446,8 @@ def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(stor
     d.until(lambda: _finished(store, "hang1")() and _finished(store, "ok-other")())
     run = _runs(store, "hang1")[0]
     assert run["status"] == "Timeout" and "deadline" in run["error_message"]
-    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=1)
+    assert "still running 0.2 s later (kill_grace_s): killed with SIGKILL" in run["error_message"]
+    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=1.2)
     assert wait_gone([grandchild.pid, hung_pid]) == []
     other = _runs(store, "ok-other")[0]
     assert other["status"] == "Completed"
@@ -593,3 +601,77 @@ def test_a_manual_run_runs_only_that_job_and_leaves_its_schedule(mem_store, fake
     assert live is not None
     store.register_supervisor("other", "host", 1, 600)
     assert d.supervisor.run_now(store.get_job("manual"), ready_timeout_s=5) is None
+
+
+def test_a_manual_run_that_takes_over_a_dead_supervisors_lease_records_its_run_failed(mem_store, fake_factory):
+    """`jobs run` may take the lease of a supervisor that died; that supervisor's run must not stay Running."""
+    store = mem_store
+    d = fake_factory()
+    d.pool.close()  # run_now starts the pool itself
+    job = add_job(store, "manual", "ok", YEARLY, next_run_at=utcnow() + dt.timedelta(days=1))
+    dead = store.claim(job, now=utcnow(), next_run_at=job["next_run_at"], instance="crashed-1", lease_s=600,
+                       deadline_at=utcnow() + dt.timedelta(minutes=10))  # "crashed-1" is not registered: dead
+    assert dead is not None
+    run_id = d.supervisor.run_now(store.get_job("manual"), ready_timeout_s=5)
+    assert run_id is not None and store.get_run(run_id)["status"] == "Completed"
+    old = store.get_run(dead.run_id)
+    assert old["status"] == "Failed" and "abandoned" in old["error_message"] and "crashed-1" in old["error_message"]
+    assert store.running_runs() == []
+
+
+def test_a_failing_poll_is_logged_once_then_counted(mem_store, fake_factory, caplog):
+    """The database refuses every poll (here: the jobs table is gone) for eight steps: one line, then one
+    line when polls work again, with the count; /healthz's source (the metrics hook) sees each failure."""
+    store = mem_store
+    d = fake_factory(rescan_interval_s=0.25)
+    at = d.timeline()
+    at(0)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE jobs RENAME TO jobs_away")
+    for step in range(1, 9):
+        at(step * 0.25)
+    assert caplog.text.count("poll failed") == 1 and "no such table: jobs" in caplog.text
+    assert d.supervisor.poll_trouble.count == 8
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE jobs_away RENAME TO jobs")
+    at(3)
+    assert "poll works again after 8 failure(s) over 2.8 s" in caplog.text
+    assert not d.supervisor.poll_trouble.failing
+
+
+def test_trouble_reminds_with_the_count_at_most_every_remind_s_and_when_the_reason_changes(caplog):
+    trouble = Trouble(logging.getLogger("test.trouble"), "poll", remind_s=60)
+    with caplog.at_level(logging.WARNING, "test.trouble"):
+        for second in range(0, 130):
+            trouble.failed("connection refused", float(second))
+        trouble.failed("server closed the connection", 130.0)
+        trouble.recovered(131.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "poll failed (connection refused); repeats are counted and logged at most every 60 s",
+        "poll still failing: 61 failure(s) in 60 s (60 since the last report); latest: connection refused",
+        "poll still failing: 121 failure(s) in 120 s (60 since the last report); latest: connection refused",
+        "poll still failing: 131 failure(s) in 130 s (10 since the last report); latest: server closed the connection",
+        "poll works again after 131 failure(s) over 131.0 s"]
+
+
+def test_a_sqlite_file_deleted_under_the_supervisor_stops_dispatch_and_is_reported(tmp_path, caplog):
+    """SQLite keeps writing to a deleted file through its open descriptor: the supervisor must notice,
+    dispatch nothing more, and say so once."""
+    path = tmp_path / "m.db"
+    store = Store.open(f"sqlite:///{path}")
+    d = Driver(store, f"sqlite:///{path}", pool=FakePool(1, FIXTURE_PLUGINS), max_concurrent_jobs=1,
+               rescan_interval_s=0.25).start()
+    try:
+        at = d.timeline()
+        add_job(store, "later", "ok", YEARLY, next_run_at=at(0) + dt.timedelta(seconds=1))
+        for p in tmp_path.glob("m.db*"):
+            p.unlink()
+        for step in range(1, 13):
+            at(step * 0.25)
+        assert _runs(store, "later") == []  # due at 1 s, never dispatched
+        assert caplog.text.count("poll failed") == 1 and f"database file {path} was deleted" in caplog.text
+        assert d.supervisor.poll_trouble.count >= 11
+    finally:
+        d.close()
+        store.close()

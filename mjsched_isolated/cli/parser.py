@@ -16,9 +16,15 @@ import typing
 from typing import Any, Literal
 
 from mjsched_isolated import config
-from mjsched_isolated.cli.commands import JOB, SETTING, jobs, runs, system
+from mjsched_isolated.cli.commands import JOB, SETTING, dashboard, jobs, runs, system
 from mjsched_isolated.cli.exits import Exit
-from mjsched_isolated.cron import SUPPORTED_FORMS
+from mjsched_isolated.cron import (
+    DEFAULT_DST_FOLD,
+    DEFAULT_DST_GAP,
+    DST_FOLD_POLICIES,
+    DST_GAP_POLICIES,
+    SUPPORTED_FORMS,
+)
 from mjsched_isolated.enums import (
     ConcurrencyMode,
     JobStatus,
@@ -109,6 +115,19 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
         help="when a run is still live at the next occurrence: Skip it (default), Queue one, or run Concurrent")
     add("--missed-run-policy", field="missed_run_policy", choices=values(MissedRunPolicy),
         help="occurrences missed while no supervisor ran: Skip them, RunOnce (default) or RunAll")
+    # -- time knobs (issue 12 point 10) --
+    add("--dst-gap-policy", field="dst_gap_policy", choices=DST_GAP_POLICIES,
+        help="an occurrence whose local time does not exist (DST spring forward): Shift to the first valid "
+             "instant after the gap (default) or Skip it")
+    add("--dst-fold-policy", field="dst_fold_policy", choices=DST_FOLD_POLICIES,
+        help="occurrences in a repeated local hour (DST fall back): OnceIfFixedHour (default: a fixed hour "
+             "runs in the first copy only, a wildcard or step hour in both), Once, or Both copies")
+    add("--missed-run-grace-s", field="missed_run_grace_s", type=float, metavar="S",
+        help="an occurrence found more than S seconds late is missed (handled by --missed-run-policy); "
+             "default: missed once the next occurrence is due")
+    add("--max-total-runtime-s", field="max_total_runtime_s", type=float, metavar="S",
+        help="hard cap on a run's runtime: killed S seconds after it started, whatever its heartbeats")
+    # -- end of time knobs --
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")
     add("--max-runtime-minutes", field="max_runtime_minutes", type=int, metavar="N",
@@ -193,6 +212,20 @@ def build_parser() -> argparse.ArgumentParser:
     rs = runs_p.add_parser("show", parents=[common, as_json], help="show one run")
     rs.add_argument("id", type=int, help="the run's id")
     _reads(rs, runs.cmd_show, read_only=True)
+    rc = runs_p.add_parser("cancel", parents=[common, as_json],
+                           help="cancel a live run: the supervisor holding it kills its process tree at its next "
+                                "lease renewal and records it Cancelled")
+    rc.add_argument("id", type=int, help="the run's id")
+    rc.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
+    rc.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="S",
+                    help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
+                         "it finished before the cancel took effect or is still running")
+    _reads(rc, runs.cmd_cancel)
+    rlogs = runs_p.add_parser("logs", parents=[common], help="print what a run wrote (stdout, stderr, logging)",
+                              formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
+    rlogs.add_argument("id", type=int, help="the run's id")
+    rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
     rp.add_argument("--keep-days", type=float, metavar="D", help="keep finished runs this many days (0: keep all; "
@@ -213,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
     nxt.add_argument("--after", metavar="ISO", help="start (default now); without an offset it is read in --tz")
     nxt.add_argument("--count", type=int, default=10, metavar="N", help="how many occurrences (default 10)")
+    nxt.add_argument("--dst-gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
+                     help=f"the job's dst_gap_policy (default {DEFAULT_DST_GAP})")
+    nxt.add_argument("--dst-fold", default=DEFAULT_DST_FOLD, choices=DST_FOLD_POLICIES,
+                     help=f"the job's dst_fold_policy (default {DEFAULT_DST_FOLD})")
     nxt.set_defaults(func=system.cmd_cron_next, uses_settings=False, read_only=True)
 
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(
@@ -220,11 +257,32 @@ def build_parser() -> argparse.ArgumentParser:
     pl = plugins.add_parser("list", parents=[common, as_json],
                             help="job types found, and modules that failed (exit 1 if any failed)")
     _reads(pl, system.cmd_plugins_list)
+    reload_p = plugins.add_parser("reload", parents=[common],
+                                  help="make every supervisor of the database load the plugin code on its disk; "
+                                       "workers are replaced as their runs end")
+    _reads(reload_p, system.cmd_plugins_reload)
     check = sub.add_parser("check", parents=[common, as_json],
                            help="validate the settings, import every plugin, check every job; exit 0 when all is well")
     check.add_argument("--jobs", metavar="FILE", dest=SETTING + "jobs_file", default=argparse.SUPPRESS,
                        help="also validate this TOML jobs file (default: the configured one)")
     _reads(check, system.cmd_check)
+
+    dash = sub.add_parser("dashboard", parents=[common], formatter_class=fmt,
+                          help="the web dashboard: jobs, runs, supervisors, live; run now, pause, resume, edit",
+                          description="Serve the web dashboard of the database until SIGTERM/SIGINT. Binds to "
+                                      "127.0.0.1 unless told; another address needs a dashboard password or "
+                                      "token (settings [dashboard], MJSCHED_DASHBOARD_*). Needs the dashboard "
+                                      "extra: pip install 'mjsched_isolated[dashboard]'.",
+                          epilog="examples:\n  mjsched dashboard --db sqlite:///mjsched.db\n"
+                                 "  MJSCHED_DASHBOARD_OPERATOR_PASSWORD=... mjsched dashboard --host 0.0.0.0\n"
+                                 "  mjsched dashboard --hash-password   # prints a hash for the settings file")
+    dash.add_argument("--host", dest=SETTING + "dashboard.host", default=argparse.SUPPRESS, metavar="HOST",
+                      help="address to listen on (default 127.0.0.1)")
+    dash.add_argument("--port", dest=SETTING + "dashboard.port", type=int, default=argparse.SUPPRESS, metavar="PORT",
+                      help="port to listen on (default 8520; 0: a free one, logged)")
+    dash.add_argument("--hash-password", action="store_true",
+                      help="read a password on stdin, print its scrypt hash for the settings, and exit")
+    _reads(dash, dashboard.cmd_dashboard)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="action", metavar="ACTION",
                                                                      required=True, parser_class=_Parser)

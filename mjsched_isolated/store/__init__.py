@@ -12,7 +12,9 @@ from mjsched_isolated.store.records import (
                                             NextDueJob,
                                             NotificationRow,
                                             OutboxRow,
+                                            PluginReloadRow,
                                             RecentFailure,
+                                            RunOutputRow,
                                             RunRow,
                                             RunView,
                                             SupervisorRow,
@@ -20,5 +22,5 @@ from mjsched_isolated.store.records import (
 )
 
 __all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "NextDueJob", "NotificationRow", "OutboxRow",
-           "RecentFailure", "RunRow", "RunView", "Store", "SupervisorRow", "SupervisorStatus",
-           "is_permanent_error"]
+           "PluginReloadRow", "RecentFailure", "RunOutputRow", "RunRow", "RunView", "Store", "SupervisorRow",
+           "SupervisorStatus", "is_permanent_error"]

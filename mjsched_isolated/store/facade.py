@@ -11,6 +11,7 @@ module                      owns
 :mod:`.outbox`              the notification outbox (claim, settle, list)
 :mod:`.views`               read-only views: ``get_run``, ``list_runs``, the ``status`` projections
 :mod:`.retention`           pruning runs and notifications
+:mod:`.output`              runs' captured output (``run_output`` chunks), ``plugins reload`` requests
 :mod:`.records`             the typed rows (``TypedDict``) returned here; :class:`Claim`
 :mod:`.text`                fitting text/JSON to the column cap; :mod:`.errors`: refused data vs outage
 :mod:`.schema`              tables, engine, database clock; :mod:`.migrate`: the schema's revisions
@@ -34,6 +35,7 @@ from mjsched_isolated.store import schema
 from mjsched_isolated.store.jobs import Jobs, unreadable_next_run_at_chunk
 from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
+from mjsched_isolated.store.output import PluginReloads, RunOutput
 from mjsched_isolated.store.records import (
     AbandonedRun,
     Claim,
@@ -42,6 +44,7 @@ from mjsched_isolated.store.records import (
     NextDueJob,
     NotificationRow,
     OutboxRow,
+    PluginReloadRow,
     RecentFailure,
     RunRow,
     RunView,
@@ -57,7 +60,7 @@ from mjsched_isolated.store.views import Views
 class Store:
     """The database behind one supervisor or CLI call. ``engine`` must have the schema (see
     :func:`schema.create_engine`, or :meth:`open`). The parts are attributes: ``jobs``, ``leases``,
-    ``supervisors``, ``outbox``, ``views``, ``retention``."""
+    ``supervisors``, ``outbox``, ``views``, ``retention``, ``output``."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -68,6 +71,8 @@ class Store:
         self.outbox = Outbox(engine)
         self.views = Views(engine)
         self.retention = Retention(engine)
+        self.output = RunOutput(engine)
+        self.reloads = PluginReloads(engine)
 
     @classmethod
     def open(cls, url: str, *, auto_upgrade: bool = False) -> Store:
@@ -202,9 +207,14 @@ class Store:
         """Running runs (of ``instance``) (:meth:`Leases.running_runs`)."""
         return self.leases.running_runs(instance)
 
-    def held_runs(self, run_ids: AbstractSet[int]) -> set[int]:
-        """Of ``run_ids``, those whose lease still carries their token (:meth:`Leases.held_runs`)."""
-        return self.leases.held_runs(run_ids)
+    def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
+        """Of these runs of ``instance``, those it still holds, each with who asked to cancel it
+        (:meth:`Leases.held_runs`)."""
+        return self.leases.held_runs(tokens, instance)
+
+    def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
+        """Ask the holder of a Running run to cancel it (:meth:`Leases.request_cancel`)."""
+        return self.leases.request_cancel(run_id, requested_by)
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
@@ -221,6 +231,10 @@ class Store:
     def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""
         return self.supervisors.renew_supervisor(instance, ttl_s)
+
+    def read_only_reason(self) -> str | None:
+        """Why the database refuses writes, or None (:meth:`Supervisors.read_only_reason`)."""
+        return self.supervisors.read_only_reason()
 
     def stop_supervisor(self, instance: str) -> None:
         """End ``instance``'s liveness lease now (:meth:`Supervisors.stop_supervisor`)."""
@@ -256,6 +270,23 @@ class Store:
     def get_run(self, run_id: int) -> RunView:
         """Run ``run_id`` with its job's name (:meth:`Views.get_run`)."""
         return self.views.get_run(run_id)
+
+    def append_run_output(self, run_id: int, first_seq: int, texts: list[str], now: dt.datetime) -> int:
+        """Store output chunks of run ``run_id`` from ``first_seq`` on; returns the next ``seq``
+        (:meth:`RunOutput.append`)."""
+        return self.output.append(run_id, first_seq, texts, now)
+
+    def run_output(self, run_id: int, after_seq: int = -1) -> list[tuple[int, str]]:
+        """``(seq, text)`` chunks of run ``run_id``'s output after ``after_seq``, in order (:meth:`RunOutput.read`)."""
+        return self.output.read(run_id, after_seq)
+
+    def request_plugin_reload(self, requested_by: str) -> PluginReloadRow:
+        """Ask every supervisor to reload its plugins (:meth:`PluginReloads.request`)."""
+        return self.reloads.request(requested_by)
+
+    def latest_plugin_reload(self) -> int:
+        """The newest ``plugins reload`` request's id, 0 if none (:meth:`PluginReloads.latest`)."""
+        return self.reloads.latest()
 
     def list_runs(self, *, job_name: str | None = None, status: str | None = None, limit: int = 50) -> list[RunView]:
         """Runs, newest first (:meth:`Views.list_runs`)."""

@@ -17,6 +17,7 @@ from mjsched_isolated.errors import InputError, NotFoundError
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.errors import is_constraint_violation
 from mjsched_isolated.store.outbox import insert_notices
+from mjsched_isolated.store.output import RunOutput
 from mjsched_isolated.store.predicates import lease_free
 from mjsched_isolated.store.records import JobRow, OutboxRow, Values
 from mjsched_isolated.store.schema import jobs, runs
@@ -98,6 +99,8 @@ class Jobs:
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
+            job_runs = sa.select(runs.c.id).where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name)))
+            RunOutput.delete_for_runs(conn, job_runs)
             conn.execute(runs.delete().where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
             if conn.execute(jobs.delete().where(jobs.c.name == name)).rowcount != 1:
                 raise NotFoundError("name", f"no job named {name!r}")

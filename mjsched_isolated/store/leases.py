@@ -75,6 +75,11 @@ def _db_now_plus_bound(dialect: str, name: str) -> sa.ColumnElement:
     return sa.type_coerce(expr, schema.UTCDateTime)
 
 
+def _token_is(token: str | None) -> sa.ColumnElement[bool]:
+    """The run row was claimed with ``token`` (None: a run without a lease)."""
+    return runs.c.lock_token.is_(None) if token is None else runs.c.lock_token == token
+
+
 class _Statements:
     """The hot path's statements, built once per dialect with bound parameters (issue 11: building them per
     run was 38 % of the supervisor's CPU; a prebuilt statement also keeps its SQLAlchemy cache key, so
@@ -93,12 +98,17 @@ class _Statements:
             lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
             queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime))
         completed = sa.bindparam("p_completed_at", type_=schema.UTCDateTime)
-        self.finish_run = runs.update().where(runs.c.id == sa.bindparam("p_run_id"),
-                                              runs.c.status == RunStatus.RUNNING).values(
+        # a result lands only on the run row claimed with its token (ids alone could name another run)
+        finish_values = dict(
             status=sa.bindparam("p_status"), success=sa.bindparam("p_success", type_=sa.Boolean),
             error_message=sa.bindparam("p_error_message", type_=sa.Text),
             completed_at=sa.func.coalesce(completed, now), details=sa.bindparam("p_details", type_=sa.Text),
             duration_ms=sa.bindparam("p_duration_ms", type_=sa.Float))
+        finishable = (runs.c.id == sa.bindparam("p_run_id"), runs.c.status == RunStatus.RUNNING)
+        self.finish_run = runs.update().where(*finishable, runs.c.lock_token == sa.bindparam("p_token")).values(
+            **finish_values)
+        self.finish_run_without_lease = runs.update().where(*finishable, runs.c.lock_token.is_(None)).values(
+            **finish_values)
         self.release = jobs.update().where(
             jobs.c.id == sa.bindparam("p_job_id"), jobs.c.lock_token == sa.bindparam("p_token")).values(
             lock_token=None, locked_at=None, locked_by_instance=None, expected_completion_at=None)
@@ -277,8 +287,8 @@ class Leases:
                     expected_completion_at=schema.db_now_plus(self.dialect, lease_s))
                 if conn.execute(stmt).rowcount != 1:
                     return False
-            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
-                         .values(deadline_at=deadline_at))
+            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING,
+                                             _token_is(token)).values(deadline_at=deadline_at))
         return True
 
     def release(self, job_id: int, token: str) -> bool:
@@ -294,8 +304,8 @@ class Leases:
         job's statistics (if ``count``), release its lease and write ``notices`` (outbox rows), in one
         transaction; ``error_message`` and ``details`` are fitted to the column cap (:mod:`.text`).
         ``completed_at``: when the run ended (database time; None: the database's now). Only a run still
-        ``Running`` is finished; returns False otherwise (e.g. it was abandoned meanwhile), and then
-        touches nothing else."""
+        ``Running`` and claimed with ``token`` is finished; returns False otherwise (e.g. it was abandoned
+        meanwhile), and then touches nothing else."""
         outcome = Outcome(run_id, job_id, token, status, success, error_message, details, duration_ms, count,
                           notices, completed_at)
         return self.finish_runs([outcome])[0]
@@ -310,8 +320,8 @@ class Leases:
             return []
         st = self._stmts
         with self.engine.begin() as conn:
-            done = [conn.execute(st.finish_run, {
-                "p_run_id": o.run_id, "p_status": o.status, "p_success": o.success,
+            done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
+                "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
                 "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
                 "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms}).rowcount == 1 for o in outcomes]
             won = [o for o, d in zip(outcomes, done, strict=True) if d]
@@ -338,16 +348,42 @@ class Leases:
         with self.engine.connect() as conn:
             return [cast(RunRow, dict(r)) for r in conn.execute(query).mappings()]
 
-    def held_runs(self, run_ids: AbstractSet[int]) -> set[int]:
-        """Of ``run_ids``, those still Running whose job lease (if they had one) still carries their token."""
-        if not run_ids:
-            return set()
-        query = (sa.select(runs.c.id).outerjoin(jobs, sa.and_(jobs.c.id == runs.c.job_id,
-                                                               jobs.c.lock_token == runs.c.lock_token))
-                 .where(runs.c.id.in_(sorted(run_ids)), runs.c.status == RunStatus.RUNNING,
-                        sa.or_(runs.c.lock_token.is_(None), jobs.c.id.is_not(None))))
+    def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
+        """Of the runs ``tokens`` (run id -> the job lease token it was claimed with, None for a run
+        without a lease), those still Running, executed by ``instance`` under that same token, and whose
+        job lease (if they had one) still carries it. Each held run maps to who asked to cancel it (its
+        ``cancel_requested_by``, ``"someone"`` if only the time was set) or None. Matching the token and
+        the instance, not the id alone, means a run row that is not this run's is never taken for it."""
+        if not tokens:
+            return {}
+        query = (sa.select(runs.c.id, runs.c.lock_token, runs.c.cancel_requested_at, runs.c.cancel_requested_by,
+                           jobs.c.lock_token.label("job_token"))
+                 .outerjoin(jobs, jobs.c.id == runs.c.job_id)
+                 .where(runs.c.id.in_(sorted(tokens)), runs.c.status == RunStatus.RUNNING,
+                        runs.c.executed_by_instance == instance))
         with self.engine.connect() as conn:
-            return set(conn.execute(query).scalars())
+            rows = conn.execute(query).mappings().all()
+        held: dict[int, str | None] = {}
+        for row in rows:
+            token = tokens[row["id"]]
+            if row["lock_token"] != token or (token is not None and row["job_token"] != token):
+                continue
+            held[row["id"]] = ((row["cancel_requested_by"] or "someone")
+                               if row["cancel_requested_at"] is not None else None)
+        return held
+
+    def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
+        """Ask whichever supervisor holds run ``run_id`` to cancel it: sets ``cancel_requested_at`` (DB
+        clock) and ``cancel_requested_by`` on the row if it is still Running (a repeated request keeps the
+        first time and asker). Returns the row as it is afterwards, None if no run has that id. The
+        holder sees the request at its next lease renewal (:meth:`held_runs`)."""
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING,
+                                             runs.c.cancel_requested_at.is_(None))
+                         .values(cancel_requested_at=schema.db_now(self.dialect),
+                                 cancel_requested_by=requested_by[:255]))
+            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+        return None if row is None else cast(RunRow, dict(row))
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
@@ -381,12 +417,12 @@ class Leases:
         # claim came after that moment, so the records never show the two runs overlapping
         expired = run["holder_expired_at"]
         ended = min(run["db_now"], expired) if expired else run["db_now"]
+        duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)  # as completed - started
         with self.engine.begin() as conn:
             if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == RunStatus.RUNNING)
                                 .values(status=RunStatus.FAILED, success=False, completed_at=ended,
-                                        error_message=run["error_message"])).rowcount:
+                                        error_message=run["error_message"], duration_ms=duration_ms)).rowcount:
                 return False
-            duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)
             conn.execute(self._stmts.stats_with_duration, {"p_job_id": run["job_id"], "p_successes": 0,
                                                            "p_failures": 1, "p_duration_ms": duration_ms,
                                                            "p_completed_at": ended})

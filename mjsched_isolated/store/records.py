@@ -1,7 +1,8 @@
 """The rows the store hands out and takes in, as ``TypedDict`` s keyed by column name, so a type checker
 checks their keys where they cross module lines. At run time each is a plain ``dict``.
 
-Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`) have
+Column rows (:class:`JobRow`, :class:`RunRow`, :class:`SupervisorRow`, :class:`NotificationRow`,
+:class:`RunOutputRow`, :class:`PluginReloadRow`) have
 exactly the columns of their table in :mod:`mjsched_isolated.store.schema` (a test compares them). View
 rows add joined columns (``job_name``) or are projections for ``status``. Datetimes are aware UTC;
 ``status``, ``concurrency_mode``, ``missed_run_policy``, ``event`` and ``priority`` hold the stored text of
@@ -58,6 +59,10 @@ class JobRow(TypedDict):
     notify_on_failure: bool
     notify_on_missed: bool
     notify_recipients: str | None
+    dst_gap_policy: str
+    dst_fold_policy: str
+    missed_run_grace_s: float | None
+    max_total_runtime_s: float | None
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -82,6 +87,8 @@ class _RunColumns(TypedDict):
     lock_token: str | None
     deadline_at: dt.datetime | None
     duration_ms: float | None
+    cancel_requested_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class RunRow(_RunColumns):
@@ -109,6 +116,23 @@ class AbandonedRun(RunRow):
     job_name: str
     notify_on_failure: bool
     notify_recipients: str | None
+
+
+class RunOutputRow(TypedDict):
+    """A ``run_output`` row: one chunk (``seq`` from 0, in order) of a run's captured output."""
+
+    run_id: int
+    seq: int
+    data: str
+    created_at: dt.datetime
+
+
+class PluginReloadRow(TypedDict):
+    """A ``plugin_reloads`` row: one ``plugins reload`` request (database time, and who asked)."""
+
+    id: int
+    requested_at: dt.datetime
+    requested_by: str
 
 
 class SupervisorRow(TypedDict):
@@ -189,3 +213,18 @@ class RecentFailure(TypedDict):
     status: str
     completed_at: dt.datetime | None
     error_message: str | None
+
+
+class AuditRow(TypedDict):
+    """An ``audit_log`` row: one dashboard action. ``outcome`` is ``ok``, ``refused`` or ``error``;
+    ``details`` is JSON text (the action's arguments, or the error's one line)."""
+
+    id: int
+    at: dt.datetime
+    actor: str
+    role: str
+    action: str
+    target: str | None
+    outcome: str
+    details: str | None
+    remote_addr: str | None

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import NotificationStatus, RunStatus
+from mjsched_isolated.store.output import RunOutput
 from mjsched_isolated.store.schema import notifications, runs
 
 _SETTLED = (NotificationStatus.SENT, NotificationStatus.FAILED)
@@ -52,10 +53,13 @@ class Retention:
 
     def delete_finished_runs(self, run_ids: list[int]) -> int:
         """Delete the given runs unless Running, in one short transaction. Returns how many were deleted
-        (ids already gone, e.g. pruned by another supervisor, are not counted)."""
+        (ids already gone, e.g. pruned by another supervisor, are not counted). Their output rows go in
+        the same transaction (explicitly: SQLite enforces the cascade only with ``foreign_keys=ON``)."""
         if not run_ids:
             return 0
         with self.engine.begin() as conn:
+            finished = sa.select(runs.c.id).where(runs.c.id.in_(run_ids), runs.c.status != RunStatus.RUNNING)
+            RunOutput.delete_for_runs(conn, finished)
             stmt = runs.delete().where(runs.c.id.in_(run_ids), runs.c.status != RunStatus.RUNNING)
             return conn.execute(stmt).rowcount
 

@@ -2,6 +2,8 @@
 
 Tables: ``jobs`` and ``runs`` (the reference's), and ``supervisors``: one row per supervisor process whose
 ``lease_expires_at`` it renews; a job lease or a run is live only while its supervisor's row is.
+``notifications`` is the outbox; ``run_output`` holds each run's captured output in ordered chunks;
+``plugin_reloads`` the latest ``plugins reload`` request.
 
 The data model is the reference engine's (reference-engine-spec.md §1.2, §1.3) in snake_case. Timestamps
 are stored as naive UTC (``DATETIME(6)`` on MySQL) and read back as aware UTC. The database clock is
@@ -140,6 +142,11 @@ jobs = sa.Table(
     sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("notify_recipients", sa.Text),  # JSON list of addresses; none: the channel's own recipients
+    # -- time knobs (revision 0007); values checked by jobspec, an edited bad one makes the job "bad" --
+    sa.Column("dst_gap_policy", sa.String(20), nullable=False, server_default="Shift"),
+    sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
+    sa.Column("missed_run_grace_s", sa.Float),  # none: missed once the next occurrence is due
+    sa.Column("max_total_runtime_s", sa.Float),  # none: no hard cap
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -150,6 +157,7 @@ jobs = sa.Table(
     _check("concurrency_mode", CONCURRENCY_MODES),
     _check("missed_run_policy", MISSED_RUN_POLICIES),
     sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at"),
+    sqlite_autoincrement=True,  # ids are never reused (PostgreSQL and MySQL never reuse them anyway)
 )
 
 runs = sa.Table(
@@ -168,11 +176,17 @@ runs = sa.Table(
     sa.Column("lock_token", sa.String(36)),
     sa.Column("deadline_at", UTCDateTime),
     sa.Column("duration_ms", sa.Float),
+    # `runs cancel`: when and by whom (user@host or an actor) a cancel was asked; the holder acts on it
+    sa.Column("cancel_requested_at", UTCDateTime),
+    sa.Column("cancel_requested_by", sa.String(255)),
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),
+    sa.Index("ix_runs_started_at", "started_at", "status"),  # dashboard charts, time filters (revision 0006)
     # at most one run per occurrence, whatever the number of supervisors (manual runs have no scheduled_at)
     sa.UniqueConstraint("job_id", "scheduled_at", name="uq_runs_job_id_scheduled_at"),
+    # a deleted run's id must never come back: a late result of the old run would land on the new one
+    sqlite_autoincrement=True,
 )
 
 supervisors = sa.Table(
@@ -217,6 +231,42 @@ notifications = sa.Table(
     _check("status", NOTIFICATION_STATUSES),
     _check("priority", PRIORITIES),
     sa.Index("ix_notifications_status_next_attempt_at", "status", "next_attempt_at"),
+    sqlite_autoincrement=True,
+)
+
+
+# a run's captured output (stdout, stderr, logging records of its worker): ordered chunks, each at most
+# OUTPUT_CHUNK_BYTES of UTF-8 (under MariaDB's 64 KB TEXT), deleted with the run (see mjsched_isolated.store.output)
+run_output = sa.Table(
+    "run_output", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+)
+
+# `plugins reload` requests: every supervisor compares the newest id with the one it last acted on (see
+# mjsched_isolated.supervisor.reload); older rows are deleted by the next request
+plugin_reloads = sa.Table(
+    "plugin_reloads", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("requested_at", UTCDateTime, nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=False),
+)
+
+# who did what through the dashboard, and when (revision 0006): one row per action, refused ones too
+audit_log = sa.Table(
+    "audit_log", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("actor", sa.String(255), nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("action", sa.String(50), nullable=False),
+    sa.Column("target", sa.String(255)),
+    sa.Column("outcome", sa.String(20), nullable=False),
+    sa.Column("details", sa.Text),
+    sa.Column("remote_addr", sa.String(64)),
+    sa.Index("ix_audit_log_at", "at"),
 )
 
 

@@ -65,3 +65,29 @@ class Supervisors:
         query = sa.select(supervisors).order_by(supervisors.c.heartbeat_at.desc())
         with self.engine.connect() as conn:
             return [cast(SupervisorRow, dict(r)) for r in conn.execute(query).mappings()]
+
+    def read_only_reason(self) -> str | None:
+        """Why this database refuses writes (a read-only SQLite file or ``mode=ro`` URL, a PostgreSQL hot
+        standby or read-only transaction, MySQL's ``read_only``), or None if a no-op write is accepted.
+        The probe is an UPDATE that matches no row, rolled back: nothing is written."""
+        with self.engine.connect() as conn:
+            try:
+                conn.execute(supervisors.update().where(sa.false()).values(pid=supervisors.c.pid))
+            except sa.exc.OperationalError as exc:  # SQLite: "attempt to write a readonly database"
+                return _read_only(exc)
+            except sa.exc.DBAPIError as exc:  # PostgreSQL: InternalError/ReadOnlySqlTransaction
+                return _read_only(exc)
+            finally:
+                conn.rollback()
+        return None
+
+
+READ_ONLY_MARKERS = ("readonly database", "read-only", "read only", "readonly")
+
+
+def _read_only(exc: sa.exc.DBAPIError) -> str | None:
+    """The error's first line if it says the database is read-only; else re-raise ``exc``."""
+    text = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+    if any(marker in text.lower() for marker in READ_ONLY_MARKERS):
+        return text
+    raise exc

@@ -36,6 +36,11 @@ MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is rec
 ADVICE_INTERVAL_S = 60.0
 
 
+def job_types(worker: Any) -> set[str]:
+    """The job types ``worker`` loaded (empty until it is ready)."""
+    return set() if worker.ready is None else {p.job_type for p in worker.ready.plugins}
+
+
 class Dispatcher:
     """Decides due jobs and starts runs into ``inflight`` (the supervisor's dict, run id -> InFlight)."""
 
@@ -55,6 +60,7 @@ class Dispatcher:
         self.unrecorded: Callable[[], int] = lambda: 0
         self._next_advice_at: dt.datetime | None = None
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
+        self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -66,15 +72,8 @@ class Dispatcher:
             active = self.advice.warn_high_frequency(now)
             # its signature reads every Active job: with many, once a minute, not at every rescan
             self._next_advice_at = now + dt.timedelta(seconds=ADVICE_INTERVAL_S) if active > MANY_JOBS else None
-        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
-            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
-                notices.for_abandoned(run), self.settings.notifications.channels()))
-        if abandoned:
-            self.wake_sender()
-        for run in abandoned:
-            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
-                      extra={"job": run["job_name"], "run_id": run["id"]})
-        # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
+        self.abandon_orphans(now)
+        # edited by hand into a SQLite file: a few hundred job ids per rescan, not every job every second
         found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
                                                                                UNREADABLE_SWEEP_ROWS)
         for job in found:
@@ -94,10 +93,24 @@ class Dispatcher:
                          "none (end_at passed; status Expired)")
 
     # -- due jobs -------------------------------------------------------------------------------------
+    def abandon_orphans(self, now: dt.datetime) -> None:
+        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices."""
+        abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
+            exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
+                notices.for_abandoned(run), self.settings.notifications.channels()))
+        if abandoned:
+            self.wake_sender()
+        for run in abandoned:
+            log.error("run %d of job %s marked Failed: %s", run["id"], run["job_name"], run["error_message"],
+                      extra={"job": run["job_name"], "run_id": run["id"]})
+
     def dispatch_due(self, now: dt.datetime) -> None:
-        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. Every job decided
-        *run* in this poll is claimed in ONE transaction (``Store.claim_many``; each claim is still judged
-        alone), then handed to its worker. Does not wait for runs."""
+        """Claim due jobs, oldest occurrence first, for idle workers, and hand them over. A run goes to an idle
+        worker that has its job type (workers of two plugin generations may differ); a job whose type only
+        busy workers have waits for one. Every job decided *run* in this poll is claimed in ONE transaction
+        (``Store.claim_many``; each claim is still judged alone), then handed to its worker. Does not wait
+        for runs."""
+        self.waiting_for_worker.clear()
         idle = self.pool.idle_workers()
         # a result not yet recorded still holds its job's lease and its place under the cap: a worker
         # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
@@ -105,56 +118,78 @@ class Dispatcher:
         del idle[max(0, free):]
         if not idle or self.pool.last_ready is None:
             return
-        known = {p.job_type for p in self.pool.last_ready.plugins}
+        # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
+        # while serving, a reload in progress); a run goes to a worker that has its type
+        known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
+                 for p in w.ready.plugins}
+        types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
             if not idle:
                 break
-            decided, next_run_at = self._decide(job, known, now)
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None and job["job_type"] in known:  # only a busy worker has it: wait for one
+                self.waiting_for_worker.add(job["id"])
+                continue
+            decided, next_run_at, job = self._decide(job, known, now)
             if decided:
-                to_run.append((job, next_run_at, idle.pop()))
+                worker = worker or idle[-1]
+                idle.remove(worker)
+                to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it)."""
-        return self.store.next_due_at(set(self.bad_jobs)) if self.pool.idle_workers() else None
+        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        if not self.pool.idle_workers():
+            return None
+        return self.store.next_due_at(set(self.bad_jobs) | self.waiting_for_worker)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
-        decided, next_run_at = self._decide(job, known, now)
+        decided, next_run_at, job = self._decide(job, known, now)
         return decided and self._claim_batch([(job, next_run_at, worker)], now) == 1
 
-    def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None]:
-        """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it)."""
+    def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None, JobRow]:
+        """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it, the
+        job as it is to be claimed: a RunAll catch-up cut to its backlog claims its oldest kept occurrence)."""
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
-            return self._repair_unreadable(job, now), None
+            return self._repair_unreadable(job, now), None, job
         if planner.expired(job, now):
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
                             job["name"], iso(job["end_at"]), iso(seen))
-            return False, None
+            return False, None, job
         try:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
-                return self._reschedule(job, planner.initial_next_run_at(job, now), now), None
+                return self._reschedule(job, planner.initial_next_run_at(job, now), now), None, job
             decision = planner.decide(job, now, self.settings.max_catchup_runs)
         except SCHEDULE_ERRORS as exc:  # one bad job must not stop the poll
             self._mark_bad(job, str(exc))
-            return False, None
+            return False, None, job
         next_run_at = decision.next_run_at
+        if decision.run and decision.scheduled_at is not None:  # RunAll's backlog cut: drop the older ones
+            why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}); catching up "
+                   f"from {iso(decision.scheduled_at)}, which runs now")
+            if not self._skip(job, seen, decision.scheduled_at, now, "backlog", "Missed", why):
+                return False, None, job
+            seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
+            job = job.copy()
+            job["next_run_at"] = seen
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
-            return False, None
+            return False, None, job
         if job["job_type"] not in known:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
                 self.metrics.occurrence_skipped("job_type_unavailable")
                 log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
                           job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
-            return False, None
-        return True, next_run_at
+            return False, None, job
+        return True, next_run_at, job
 
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
@@ -171,14 +206,17 @@ class Dispatcher:
         return sum(f is not None for f in flights)
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
-              metric: str, event: str, why: str) -> None:
-        """Advance past occurrence ``seen`` without running it, with its notices (one transaction)."""
+              metric: str, event: str, why: str) -> bool:
+        """Advance past occurrence ``seen`` without running it, with its notices (one transaction). False
+        when another supervisor moved the job first."""
         rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
                                    self.settings.notifications.channels())
         if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True, notices=rows):
             self.wake_sender()
             self.metrics.occurrence_skipped(metric)
             log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
+            return True
+        return False
 
     # -- claim and hand over --------------------------------------------------------------------------
     def claim(self, job: JobRow, now: dt.datetime, next_run_at: dt.datetime | None, worker: Any,

@@ -36,24 +36,69 @@ class RunGuard:
         self.inflight = inflight
 
     def enforce_deadlines(self, now: dt.datetime) -> None:
-        """Kill every run past its deadline (whole process tree) and record it Timeout."""
-        for flight in [f for f in self.inflight.values() if now >= f.deadline]:
+        """Runs past their deadline get SIGTERM (their whole process tree; a plugin's SIGTERM handler and
+        its commands may clean up), then SIGKILL ``kill_grace_s`` later if still running, recorded Timeout
+        saying which signal ended them (Kubernetes' ``terminationGracePeriodSeconds``, systemd's
+        ``TimeoutStopSec``). Never waits: the loop wakes at the end of the grace (``InFlight.wake_at``).
+        Runs falling due together are signalled together, then reaped, refilled and recorded."""
+        grace_s = min(self.settings.kill_grace_s, self.settings.lease_ttl_s / 2)  # the job lease outlasts it
+        overdue = [f for f in self.inflight.values() if f.kill_at is None and now >= f.deadline]
+        if overdue and grace_s > 0:
+            self.pool.terminate([f.worker for f in overdue])
+            for flight in overdue:
+                flight.kill_at = now + dt.timedelta(seconds=grace_s)
+                log.warning("run %d of job %s exceeded its deadline of %g s: SIGTERM sent to its process tree, "
+                            "SIGKILL in %g s", flight.run_id, flight.job_name, flight.timeout_s, grace_s,
+                            extra=log_ctx(flight))
+            overdue = []
+        hard = overdue + [f for f in self.inflight.values() if f.kill_at is not None and now >= f.kill_at]
+        if not hard:
+            return
+        for flight in hard:
             del self.inflight[flight.run_id]
-            pid = flight.worker.pid
-            self.pool.kill(flight.worker)
+        self.pool.kill_all([f.worker for f in hard])
+        for flight in hard:
             self.metrics.run_killed("deadline")
+            how = ("killed with SIGKILL" if grace_s <= 0 else
+                   f"sent SIGTERM, still running {grace_s:g} s later (kill_grace_s): killed with SIGKILL")
             self.recorder.record(flight, now, status="Timeout", success=False,
-                                 error_message=(f"run exceeded its deadline of {flight.timeout_s:g} s "
-                                                f"(started {iso(flight.started_at)}); worker {pid} and its process "
-                                                "tree were killed"))
+                                 error_message=f"{self._exceeded(flight)}; worker {flight.worker.pid} and its "
+                                               f"process tree {how}")
+
+    def ended_after_sigterm(self, flight: InFlight, now: dt.datetime, how: str) -> None:
+        """A run sent SIGTERM at its deadline ended within its grace (``how``: its plugin returned, or the
+        worker exited): recorded Timeout, saying SIGTERM ended it."""
+        del self.inflight[flight.run_id]
+        self.metrics.run_killed("deadline")
+        self.recorder.record(flight, now, status="Timeout", success=False,
+                             error_message=f"{self._exceeded(flight)}; worker {flight.worker.pid} and its process "
+                                           f"tree sent SIGTERM: it ended within the grace ({how})")
+
+    @staticmethod
+    def _exceeded(flight: InFlight) -> str:
+        """Which limit the run broke: its (heartbeat-extended) deadline, or the hard ``max_total_runtime_s``."""
+        hard = flight.hard_deadline
+        if hard is not None and flight.deadline >= hard:
+            limit = (f"max_total_runtime_s of {(hard - flight.started_at).total_seconds():g} s "
+                     "(a hard cap no heartbeat extends)")
+        else:
+            limit = f"deadline of {flight.timeout_s:g} s"
+        return f"run exceeded its {limit} (started {iso(flight.started_at)})"
 
     def heartbeat(self, flight: InFlight, now: dt.datetime) -> None:
         """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
         at once, unlike the reference, whose first beat can only count after 5 min), to
-        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1)."""
+        ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1), never past the
+        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``)."""
+        if flight.kill_at is not None:  # past its deadline, being terminated: too late to extend
+            return
         if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
             return
         deadline = max(flight.deadline, now + dt.timedelta(seconds=self.settings.heartbeat_lease_s))
+        if flight.hard_deadline is not None and deadline > flight.hard_deadline:
+            if flight.deadline >= flight.hard_deadline:
+                return  # already at the cap: nothing to extend
+            deadline = flight.hard_deadline
         lease_s = (deadline - now).total_seconds() + self.settings.lease_ttl_s
         try:
             extended = self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, deadline)
@@ -80,16 +125,32 @@ class RunGuard:
                              error_message=f"fenced: run killed because {why}")
 
     def fence_unheld(self, now: dt.datetime) -> None:
-        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds."""
+        """After a renewal: fence runs whose job lease or run row this supervisor no longer holds (matched by
+        run id, lease token and instance), and cancel the held runs someone asked to cancel (`runs cancel`):
+        one query per renewal serves both."""
         if not self.inflight:
             return
         try:
-            held = self.store.held_runs(set(self.inflight))
+            held = self.store.held_runs({run_id: f.token for run_id, f in self.inflight.items()},
+                                        self.settings.instance)
         except Exception:  # noqa: BLE001 - checked again at the next renewal
-            held = set(self.inflight)
-        for run_id in set(self.inflight) - held:
+            return
+        for run_id in set(self.inflight) - set(held):
             self.fence(self.inflight[run_id], now,
                        "its lease was taken over, the run was abandoned, or its job was removed")
+        for run_id, requested_by in held.items():
+            if requested_by is not None and run_id in self.inflight:
+                self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def cancel(self, flight: InFlight, now: dt.datetime, reason: str) -> None:
+        """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
+        counted as a run or a failure)."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("cancel")
+        log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
+                    extra=log_ctx(flight))
+        self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""
@@ -112,6 +173,10 @@ class RunGuard:
         if flight is None:
             if event.culprit is None:  # the pool has already named a plugin module that killed it at import
                 log.warning("worker %d exited while idle (%s); slot refilled", event.worker.pid, how)
+            return
+        if flight.kill_at is not None:  # sent SIGTERM at its deadline: the worker ended within the grace
+            self.inflight[flight.run_id] = flight
+            self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
             return
         self.recorder.record(flight, now, status="Failed", success=False,
                              error_message=f"worker process {event.worker.pid} died during the run ({how})")

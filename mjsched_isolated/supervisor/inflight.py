@@ -6,13 +6,17 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from mjsched_isolated import planner
+
 
 class InFlight:
     """A run this supervisor is executing: which worker, under which lease token, until when.
 
     ``started_at`` and ``deadline`` are database time (aware UTC); ``timeout_s`` the run's allowance in
     seconds; ``token`` the job lease's token (None for a Concurrent job, which runs without the lease);
-    ``scheduled_at`` the occurrence (None: a manual run); ``job`` the few job fields notices need."""
+    ``scheduled_at`` the occurrence (None: a manual run); ``job`` the few job fields notices need;
+    ``hard_deadline`` the job's ``max_total_runtime_s`` cap (``started_at`` + it, None: no cap), past which
+    no heartbeat moves ``deadline``."""
 
     def __init__(self, run_id: int, job: Mapping[str, Any], token: str | None, worker: Any, started_at: dt.datetime,
                  deadline: dt.datetime, timeout_s: float) -> None:
@@ -26,15 +30,28 @@ class InFlight:
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
+        self.kill_at: dt.datetime | None = None  # past its deadline, sent SIGTERM: SIGKILL at this time
         self.scheduled_at: dt.datetime | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
+        self.hard_deadline = planner.hard_deadline(job, started_at)
+        self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients")}
+
+    @property
+    def wake_at(self) -> dt.datetime:
+        """When the supervisor must act on this run next: its deadline, or once it was sent SIGTERM, the
+        end of its grace."""
+        return self.deadline if self.kill_at is None else self.kill_at
 
     def shift(self, by: dt.timedelta) -> None:
         """Move every instant of the run by ``by`` (a time jump: the run keeps the time it had left)."""
         self.deadline += by
         self.started_at += by
+        if self.hard_deadline is not None:
+            self.hard_deadline += by
+        if self.kill_at is not None:
+            self.kill_at += by
         if self.last_extended is not None:
             self.last_extended += by
 

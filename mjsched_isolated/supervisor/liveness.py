@@ -9,6 +9,12 @@ Fencing: the lease is counted as valid locally only until ``FENCE_FRACTION`` of 
 after that start, so a supervisor that cannot renew stops its own runs before anyone else may take them.
 The renewal also measures the database clock's offset from the local one, so scheduling decisions use
 database time even on a machine whose clock is wrong.
+
+``serve`` renews from a thread of its own (:class:`Renewer`), so a slow poll (a database 0.6 s away, a
+large backlog) can never starve the renewal and fence the supervisor's own runs (issue 12). The thread
+only renews and publishes (``valid_until``, ``db_offset``, the workers' ``fence_at``); fencing and
+cancelling stay in the loop, which acts on each new renewal at its next step. Manual runs and the tests'
+driver renew inline (:meth:`Liveness.maintain` from the loop), with time passed in.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import datetime as dt
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
+from mjsched_isolated.supervisor.trouble import Trouble, is_read_only_error
 
 log = logging.getLogger("mjsched.liveness")
 
@@ -47,6 +55,7 @@ class Liveness:
         self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
         self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
+        self.trouble = Trouble(log, f"supervisor {instance}: lease renewal")  # logged once, then counted
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
 
@@ -74,12 +83,15 @@ class Liveness:
                 db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
                 self.registered = True
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
+            reason = _short(exc)
+            if is_read_only_error(exc):
+                reason = f"the database refuses writes (read-only): {reason}"
             if self.on_renewal is not None:
-                self.on_renewal(_short(exc))
+                self.on_renewal(reason)
             if self.failing_since is None:
                 self.failing_since = mono
-                log.warning("supervisor %s: lease renewal failed (%s); retrying every %.0f s, fencing in %.1f s",
-                            self.instance, _short(exc), RETRY_S, max(0.0, self.valid_until - mono))
+            self.trouble.failed(reason, mono, f"; retrying every {RETRY_S:.0f} s, fencing in "
+                                              f"{max(0.0, self.valid_until - mono):.1f} s")
             self.next_renew = mono + RETRY_S
             return False
         if self.on_renewal is not None:
@@ -94,7 +106,8 @@ class Liveness:
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:
-            log.warning("supervisor %s: lease renewed again after %.1f s", self.instance, mono - self.failing_since)
+            log.warning("supervisor %s: lease renewed again after %.1f s (%d failed tries)", self.instance,
+                        mono - self.failing_since, self.trouble.reset())
             self.failing_since = None
         return True
 
@@ -122,3 +135,50 @@ class Liveness:
             log.warning("supervisor %s: could not mark itself stopped (%s); its lease will expire", self.instance,
                         _short(exc))
 
+
+
+class Renewer:
+    """Renews ``liveness`` on a daemon thread whenever due (its own database connection from the engine's
+    pool), so renewals never wait behind the loop's database work. ``on_renewed()`` is called on that
+    thread after each successful renewal (publish ``fence_at``, wake the loop). :attr:`renewals` counts
+    them: the loop compares it with what it saw to run its post-renewal checks (fences, cancels)."""
+
+    def __init__(self, liveness: Liveness, on_renewed: Callable[[], None]) -> None:
+        self.liveness = liveness
+        self.on_renewed = on_renewed
+        self.renewals = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mjsched-liveness", daemon=True)
+
+    def start(self) -> Renewer:
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Renew now (``liveness.next_renew`` was moved, e.g. after a clock jump)."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop renewing (before ``liveness.stop()``, so no renewal follows the clean stop)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            mono = time.monotonic()
+            if self.liveness.due(mono):
+                try:
+                    renewed = self.liveness.maintain(mono)
+                except Exception:  # never let the renewal thread die: log and keep going
+                    log.exception("supervisor %s: renewal thread error", self.liveness.instance)
+                    renewed = False
+                    self.liveness.next_renew = time.monotonic() + RETRY_S
+                if renewed:
+                    self.renewals += 1
+                    self.on_renewed()
+                continue
+            self._wake.wait(max(0.0, self.liveness.next_renew - mono))
+            self._wake.clear()

@@ -4,8 +4,10 @@ The decisions live in the parts it calls (see the package docstring for the whol
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+import os
 import signal
 import socket
 import time
@@ -22,12 +24,14 @@ from mjsched_isolated.supervisor import metrics as metrics_mod
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.dispatch import Dispatcher
 from mjsched_isolated.supervisor.guard import RunGuard
-from mjsched_isolated.supervisor.inflight import InFlight
-from mjsched_isolated.supervisor.liveness import Liveness
+from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.liveness import Liveness, Renewer
 from mjsched_isolated.supervisor.notifier import Notifier
 from mjsched_isolated.supervisor.pool import ChildEvent, Pool
 from mjsched_isolated.supervisor.recording import Recorder
+from mjsched_isolated.supervisor.reload import PluginReloader
 from mjsched_isolated.supervisor.retention import Pruner
+from mjsched_isolated.supervisor.trouble import DatabaseFile, Trouble
 
 log = logging.getLogger("mjsched.supervisor")
 
@@ -57,13 +61,21 @@ class Supervisor:
         self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
                                  self.clock.local_now)
         self.liveness.on_renewal = self.metrics.lease_renewal
+        self.renewer: Renewer | None = None  # serve's renewal thread; None: renewed inline by keep_lease
+        self._renewals_seen = 0
         self.recorder = Recorder(settings, store, self.metrics, self._wake_sender)
         self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
+        self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
+        self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
+        self.reloader = PluginReloader(pool, store.latest_plugin_reload, check_interval_s=settings.rescan_interval_s,
+                                       request_interval_s=settings.lease_renew_interval_s)
         self._signals = 0
+        self._reload_signal = False  # SIGHUP without a controlling terminal: reload the plugins
+        self._hangup_stops = True  # SIGHUP with a controlling terminal: a hang-up, drain and stop (serve sets it)
         self._stop_at: float | None = None  # monotonic; serve(run_for_s)
 
     # -- the parts' state, under the names callers and tests use ----------------------------------
@@ -112,6 +124,8 @@ class Supervisor:
         if not self.clock.notice_wall_jump(local, mono):
             return False
         self.liveness.next_renew = float("-inf")  # keep_lease re-measures the database clock in this step
+        if self.renewer is not None:
+            self.renewer.poke()
         return True
 
     def follow_time_jump(self, now: dt.datetime, mono: float) -> float:
@@ -131,10 +145,17 @@ class Supervisor:
         return jump_s
 
     def keep_lease(self, now: dt.datetime, mono: float) -> None:
-        """Renew the liveness lease when due; fence (kill and fail) runs whose lease is lost, and every run
-        once the lease can no longer be trusted locally."""
-        if self.liveness.maintain(mono):
-            self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+        """Renew the liveness lease when due (or, under ``serve``, see whether the :class:`Renewer` thread
+        renewed it); after a renewal, fence (kill and fail) runs whose lease is lost and cancel those asked
+        to be; fence every run once the lease can no longer be trusted locally."""
+        if self.renewer is not None:
+            renewed = self.renewer.renewals != self._renewals_seen
+            self._renewals_seen = self.renewer.renewals
+        else:
+            renewed = self.liveness.maintain(mono)
+            if renewed:
+                self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+        if renewed:
             self.guard.fence_unheld(now)
         if self.inflight and not self.liveness.valid(mono):
             self.guard.fence_all(now)
@@ -155,8 +176,12 @@ class Supervisor:
             timeout_s = min(timeout_s, self._stop_at - time.monotonic())
         if max_wait_s is not None:
             timeout_s = min(timeout_s, max_wait_s)
-        events, woken = self.pool.wait(max(0.0, timeout_s), list(extra))
+        probe = self.reloader.handles()
+        events, woken = self.pool.wait(max(0.0, timeout_s), [*extra, *probe])
         self.on_events(events, self.read_clock()[0])
+        if probe:
+            self.reloader.poll(time.monotonic())
+            woken = [h for h in woken if h not in probe]
         self.metrics.loop_completed(time.monotonic())
         return woken
 
@@ -179,16 +204,20 @@ class Supervisor:
         next_due = None
         if self.liveness.valid(mono):
             try:
+                self.db_file.check()
                 if self.dispatcher.next_rescan_at is None or now >= self.dispatcher.next_rescan_at:
                     self.dispatcher.rescan(now)
                 self.dispatcher.dispatch_due(now)
                 next_due = self.dispatcher.next_due_at()
                 self.metrics.poll(None)
+                self.poll_trouble.recovered(mono)
             except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor
                 self.metrics.poll(_short(exc))
-                log.warning("poll failed (%s); retrying in %.1f s", _short(exc), self.settings.rescan_interval_s)
+                self.poll_trouble.failed(_short(exc), mono,
+                                         f"; retrying every {self.settings.rescan_interval_s:g} s")
                 self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
+            self.reloader.step(mono)
         return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))
 
     def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
@@ -202,12 +231,14 @@ class Supervisor:
 
     def _wake(self, now: dt.datetime, mono: float, *candidates: dt.datetime | None) -> dt.datetime:
         wake = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
-        renew_at = now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono))
+        # under serve the renewal thread wakes the loop itself (see serve); inline, the loop renews
+        renew_at = (None if self.renewer is not None
+                    else now + dt.timedelta(seconds=max(0.0, self.liveness.next_renew - mono)))
         retry_at = now + dt.timedelta(seconds=1) if self.recorder.pending else None
         # the moment the lease stops being trustworthy locally: fencing must not wait for another wake-up
         fence_at = (now + dt.timedelta(seconds=max(0.0, self.liveness.valid_until - mono))
                     if self.inflight and self.liveness.valid(mono) else None)
-        for when in (*candidates, renew_at, retry_at, fence_at, *(f.deadline for f in self.inflight.values())):
+        for when in (*candidates, renew_at, retry_at, fence_at, *(f.wake_at for f in self.inflight.values())):
             if when is not None and when < wake:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))
@@ -222,7 +253,9 @@ class Supervisor:
                 continue
             message = event.message
             flight = self.inflight.get(getattr(message, "run_id", -1))
-            if isinstance(message, protocol.RunFinished) and flight is not None:
+            if isinstance(message, protocol.RunFinished) and flight is not None and flight.kill_at is not None:
+                self.guard.ended_after_sigterm(flight, now, "its plugin returned")
+            elif isinstance(message, protocol.RunFinished) and flight is not None:
                 del self.inflight[message.run_id]
                 finished.append((flight, self.recorder.outcome(
                     flight, now, status="Completed" if message.success else "Failed", success=message.success,
@@ -235,9 +268,23 @@ class Supervisor:
                               extra={"job": flight.job_name, "run_id": flight.run_id})
             elif isinstance(message, protocol.Heartbeat) and flight is not None:
                 self.guard.heartbeat(flight, now)
+            elif isinstance(message, protocol.RunOutput) and flight is not None:
+                self._store_output(flight, message.text, now)
             elif isinstance(message, protocol.Ready):
                 self.dispatcher.advice.log_plugins(message)
         self.recorder.record_many(finished)
+
+    def _store_output(self, flight: InFlight, text: str, now: dt.datetime) -> None:
+        """Append a piece of the run's output (bounded by the worker) to its ``run_output`` rows. Output is
+        not worth an outcome: a database that cannot take it loses that piece, said once per run."""
+        if flight.output_seq < 0:  # an earlier piece was lost: a gap would read as complete output
+            return
+        try:
+            flight.output_seq = self.store.append_run_output(flight.run_id, flight.output_seq, [text], now)
+        except Exception as exc:  # noqa: BLE001 - an outage or a refused text must not stop the loop
+            log.warning("run %d of job %s: its output could not be stored (%s); the rest of it is dropped",
+                        flight.run_id, flight.job_name, _short(exc), extra=log_ctx(flight))
+            flight.output_seq = -1
 
     def _wake_sender(self) -> None:
         """Tell the notification sender (if running) that rows were just committed; otherwise it polls."""
@@ -246,11 +293,16 @@ class Supervisor:
 
     # -- serve: signals and the outer loop ----------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
-        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0."""
+        """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0; 1 if it
+        never managed to register with the database (a read-only database, say: it ran nothing)."""
         rsock, wsock = socket.socketpair()
         for sock in (rsock, wsock):
             sock.setblocking(False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # SIGHUP: a closed terminal or a lost SSH session when serve has a controlling terminal (drain and
+        # stop, as SIGTERM: issue 12); a reload request when it has none (systemd, a daemon: issue 14)
+        self._hangup_stops = has_controlling_terminal()
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
             self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
@@ -258,6 +310,13 @@ class Supervisor:
             self.pool.start()
             self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
                                      on_delivery_failure=self.on_delivery_failure).start()
+
+            def renewed() -> None:  # on the renewal thread: publish the validity, wake the loop to act on it
+                self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
+                with contextlib.suppress(OSError):  # full (the loop is already due to wake) or closed
+                    wsock.send(b"\0")
+
+            self.renewer = Renewer(self.liveness, renewed).start()
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
                      redact_url(self.store.engine.url.render_as_string(hide_password=False)))
@@ -268,13 +327,20 @@ class Supervisor:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.renewer is not None:
+                self.renewer.stop()  # before the sockets close and before the clean stop of the lease
             rsock.close()
             wsock.close()
+            self.reloader.close()
             self.pool.close()
             if self.notifier is not None:
                 self.notifier.stop()
             self.liveness.stop()
             self.metrics.stop_server()
+        if not self.liveness.registered:
+            log.error("supervisor %s stopped without ever registering with the database (%s): it ran nothing",
+                      self.settings.instance, self.liveness.trouble.reason or "no renewal was attempted")
+            return 1
         log.info("supervisor %s stopped", self.settings.instance)
         return 0
 
@@ -286,8 +352,20 @@ class Supervisor:
             return
         self._signals += 1
 
+    def _on_hangup(self, signum: int, frame: Any) -> None:
+        """SIGHUP: with a controlling terminal, a stop request like SIGTERM; without one, a plugin reload
+        (only a flag: the loop acts on it)."""
+        if self._hangup_stops:
+            self._on_signal(signum, frame)
+        else:
+            self._reload_signal = True
+
     def _act_on_stop_requests(self, now: dt.datetime, mono: float) -> None:
-        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs."""
+        """A first signal (or the end of ``run_for_s``) starts the shutdown; a second kills the runs. A
+        SIGHUP meaning reload is handed to the reloader."""
+        if self._reload_signal:
+            self._reload_signal = False
+            self.reloader.request("SIGHUP")
         if self._signals >= 2 and self.inflight:
             log.warning("second signal: killing %d in-flight run(s) now", len(self.inflight))
             self.guard.cancel_all(now, "interrupted by shutdown (second signal)")
@@ -324,6 +402,17 @@ class Supervisor:
         """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
         :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
         return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
+
+
+def has_controlling_terminal() -> bool:
+    """True if this process has a controlling terminal (opening ``/dev/tty`` works): then SIGHUP is the
+    terminal's hang-up, else (systemd, a daemon, a container) the conventional "reload" request."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def _drain_socket(sock: socket.socket) -> None:

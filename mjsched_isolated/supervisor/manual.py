@@ -3,10 +3,17 @@ nothing else (``Supervisor.scheduling`` off), driven by the same :meth:`Supervis
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from mjsched_isolated.errors import NotFoundError
+
+log = logging.getLogger("mjsched.supervisor")
 
 if TYPE_CHECKING:
     from mjsched_isolated.store.records import JobRow
@@ -27,10 +34,32 @@ def run_now(sup: Supervisor, job: JobRow, *, ready_timeout_s: float) -> int | No
     try:
         return _run(sup, job, ready_timeout_s)
     except KeyboardInterrupt:
-        sup.cancel_all(sup.read_clock()[0], "interrupted: `jobs run` was stopped")
+        with _deaf_to_stop_signals():  # a second Ctrl-C must not cut the cleanup short (row Running, lease held)
+            sup.cancel_all(sup.read_clock()[0], "interrupted: `jobs run` was stopped")
+            sup.recorder.retry_pending()
         raise
     finally:
         sup.liveness.stop()
+
+
+@contextlib.contextmanager
+def _deaf_to_stop_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored (counted in the log) while the block runs, then the previous handlers
+    back. Only the main thread can set handlers: elsewhere (a Client in a thread) the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    heard: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: heard.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if heard:
+            log.warning("%d more stop signal(s) while the interrupted run was being cancelled and recorded: "
+                        "ignored until that was done", len(heard))
 
 
 def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
@@ -46,6 +75,8 @@ def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
     sup.keep_lease(now, mono)
     if not sup.liveness.valid(mono):
         raise TimeoutError("could not register with the database")
+    # a dead supervisor's run is recorded Failed before its lease is taken over, never left Running
+    sup.dispatcher.abandon_orphans(now)
     flight = sup.dispatcher.claim(job, now, job["next_run_at"], sup.pool.idle_workers()[0], scheduled_at=None)
     if flight is None:
         return None

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mjsched_isolated import protocol
+from mjsched_isolated import proctree, protocol
 from mjsched_isolated.errors import ProtocolError
-from mjsched_isolated.proctree import kill_tree
+from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
 from mjsched_isolated.worker import main as child
 
@@ -56,6 +56,8 @@ class Worker:
         self.importing: str | None = None  # the plugin module being imported (before Ready)
         self.run: protocol.RunRequest | None = None
         self.runs_done = 0
+        self.retiring: str | None = None  # the child said it exits after its last run, and why
+        self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
 
     @property
     def pid(self) -> int:
@@ -90,7 +92,8 @@ class Pool:
 
     def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
-                 max_memory_per_child_mb: float | None = None, log_format: str = "text"):
+                 max_memory_per_child_mb: float | None = None, log_format: str = "text",
+                 max_run_output_bytes: int = 4 * 1024 * 1024):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -98,6 +101,7 @@ class Pool:
         self.plugins_dir = os.path.abspath(plugins_dir) if plugins_dir is not None else None
         self.log_level = log_level
         self.log_format = log_format  # children log in the supervisor's format (see logs.py)
+        self.max_run_output_bytes = max_run_output_bytes  # per run, kept by the child (worker/output.py)
         self.ready_timeout_s = ready_timeout_s
         self.import_timeout_s = import_timeout_s
         self.workers: dict[int, Worker | None] = {slot: None for slot in range(size)}
@@ -116,6 +120,11 @@ class Pool:
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self._warned: set[str] = set()  # plugin-load warnings already logged
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
+        # PID 1 (a container without an init) inherits every orphan of the host's processes: the watchdog
+        # and grandchildren of a killed worker. It must reap them or zombies pile up (see _reap_orphans).
+        self.reap_orphans = os.getpid() == 1
+        self.orphans_reaped = 0
+        self.generation = 0  # plugin code generation; replace_all() moves it on (supervisor/reload.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -130,23 +139,29 @@ class Pool:
                    import_timeout_s=settings.plugin_import_timeout_s,
                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
-                   log_format=settings.log_format)
+                   log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        for slot in self.workers:
-            self._spawn(slot)
+        """Spawn a child in every empty slot (a second call spawns none: ``serve`` may start the pool early,
+        while it waits for the database)."""
+        if self.reap_orphans:
+            log.info("running as PID 1 (no init): orphaned processes that reach this process are reaped")
+        for slot, worker in self.workers.items():
+            if worker is None:
+                self._spawn(slot)
 
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
-                                                           dict(self.fatal_modules)),
+                                                           dict(self.fatal_modules), self.max_run_output_bytes),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()
         child_conn.close()
         worker = Worker(slot, process, parent_conn, time.monotonic())
+        worker.generation = self.generation
         self.workers[slot] = worker
         return worker
 
@@ -206,10 +221,13 @@ class Pool:
                 continue
             runs_before = worker.runs_done
             eof = self._drain(worker, events)  # messages first, so a final RunFinished is never lost
-            if eof or worker.process.sentinel in ready:
+            if worker.retiring is not None and worker.idle:  # it exits by itself: no run, no death to report
+                self._retire(worker, f"replaced: {worker.retiring}", stop=False)
+            elif eof or worker.process.sentinel in ready:
                 events.append(self._reap(worker))
             elif worker.runs_done > runs_before and worker.idle:
                 self._recycle_if_due(worker)
+        self._retire_stale()
         return events, [h for h in ready if h in extra]
 
     def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
@@ -235,6 +253,7 @@ class Pool:
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:
                     worker.run = None
                     worker.runs_done += 1
+                    worker.retiring = message.retiring
                 events.append(ChildEvent(worker=worker, message=message))
         except (EOFError, OSError):
             return True
@@ -271,12 +290,38 @@ class Pool:
 
     def kill(self, worker: Worker) -> protocol.RunRequest | None:
         """Kill ``worker``'s whole process tree now and refill its slot. Returns the run it had."""
-        run = worker.run
-        kill_tree(worker.pid)
-        worker.process.join(2.0)
-        worker.conn.close()
-        self._vacate(worker, died_before_ready=False)
-        return run
+        return self.kill_all([worker])[0]
+
+    def kill_all(self, workers: list[Worker]) -> list[protocol.RunRequest | None]:
+        """Kill the process trees of ``workers`` together (every SIGKILL is sent before any is waited for:
+        kills that fall due together are not serialised behind each other's reaping), then reap them and
+        refill their slots. Returns the run each had, in order."""
+        runs = [w.run for w in workers]
+        kill_trees([w.pid for w in workers])
+        for worker in workers:
+            worker.process.join(2.0)
+            worker.conn.close()
+            self._vacate(worker, died_before_ready=False, maintain=False)
+        if workers:
+            self._maintain()
+        return runs
+
+    def terminate(self, workers: list[Worker]) -> None:
+        """Send SIGTERM to the process trees of ``workers`` (a plugin's SIGTERM handler and its commands'
+        get the chance to clean up; the worker itself ignores it). Does not wait: the caller kills what
+        is still running after its grace (:meth:`kill_all`)."""
+        kill_trees([w.pid for w in workers], signal.SIGTERM)
+
+    def replace_all(self) -> None:
+        """New plugin code: every worker is replaced by one that imports it, an idle one at once, a busy
+        one when its run ends (its result is read first); refilled slots import the code then on disk."""
+        self.generation += 1
+        self._retire_stale()
+
+    def _retire_stale(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker is not None and worker.idle and worker.generation != self.generation:
+                self._retire(worker, "replaced to load the new plugin code")
 
     def _recycle_if_due(self, worker: Worker) -> None:
         """Between runs: retire ``worker`` if it is over a recycling limit (it gets no new run: its slot is
@@ -284,12 +329,18 @@ class Pool:
         reason = recycle_reason(worker.pid, worker.runs_done, self.max_tasks_per_child, self.max_memory_per_child_mb)
         if reason is None:
             return
-        log.info("worker %d recycled %s", worker.pid, reason)
-        try:
-            protocol.send(worker.conn, protocol.Stop())
-        except OSError:
-            pass
         self.recycled += 1
+        self._retire(worker, f"recycled {reason}")
+
+    def _retire(self, worker: Worker, why: str, *, stop: bool = True) -> None:
+        """Vacate ``worker``'s slot (refilled at once), send it ``Stop`` unless it exits by itself, and join
+        it later (killed if still alive after ``RECYCLE_STOP_TIMEOUT_S``)."""
+        log.info("worker %d %s", worker.pid, why)
+        if stop:
+            try:
+                protocol.send(worker.conn, protocol.Stop())
+            except OSError:
+                pass
         self._retiring.append((worker, time.monotonic() + RECYCLE_STOP_TIMEOUT_S))
         self._vacate(worker, died_before_ready=False)
 
@@ -319,8 +370,24 @@ class Pool:
         if maintain:  # refill at once (unless _maintain itself is the caller)
             self._maintain()
 
+    def _reap_orphans(self) -> None:
+        """Reap exited children that are not this pool's workers (nor another ``multiprocessing`` child,
+        whose exit code its owner reads): orphans re-parented to this process as PID 1 or a subreaper.
+        A few reads of ``/proc/self``; only when :attr:`reap_orphans` (never in an application that owns
+        other children, whose exit status a blind ``waitpid`` would steal)."""
+        children = proctree.own_children()
+        if not children:
+            return
+        known = {w.pid for w in self.workers.values() if w is not None} | {w.pid for w, _ in self._retiring}
+        strays = children - known
+        if strays:
+            strays -= {p.pid for p in multiprocessing.active_children()}
+            self.orphans_reaped += len(strays - proctree.reap(strays))
+
     def _maintain(self) -> None:
         now = time.monotonic()
+        if self.reap_orphans:
+            self._reap_orphans()
         if self._retiring:
             self._reap_retiring(now)
         vacated = False

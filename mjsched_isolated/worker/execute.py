@@ -13,6 +13,7 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -37,6 +38,7 @@ log = logging.getLogger("mjsched.child")
 HEARTBEAT_MIN_GAP_S = 0.25  # the child never floods the pipe; the supervisor throttles for real
 MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the run row stays small
 MAX_ERROR_CHARS = 4000
+MAX_DETAILS_DEPTH = 64  # nesting levels of details; MySQL/MariaDB's JSON type refuses more than 100
 TRACEBACK_TAIL_CHARS = 4000
 
 
@@ -77,14 +79,16 @@ def validate(registry: Registry, job_type: str, configuration: str | None) -> st
     return None
 
 
-def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protocol.RunFinished:
+def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
+        describe_error: Callable[[BaseException], str | None] | None = None) -> protocol.RunFinished:
     """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
 
     Sends ``RunStarted`` before the plugin's ``execute`` and (throttled to one per
     ``HEARTBEAT_MIN_GAP_S``) a ``Heartbeat`` per ``context.heartbeat()``. An ``async def execute`` runs to
     completion in :func:`event_loop`; tasks it leaves pending are cancelled. A configuration that is no
     longer valid gives a failure ``not started: ...``; a plugin exception (``SystemExit`` and
-    ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``.
+    ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``;
+    ``describe_error`` may name what an exception means (a resource limit hit) for the error message.
     """
     error = validate(registry, req.job_type, req.configuration)
     if error is not None:
@@ -115,15 +119,22 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender) -> protoco
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a plugin are failures too
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tail = traceback.format_exc()[-TRACEBACK_TAIL_CHARS:]
-        error = clean_text(f"plugin raised {text}")[:MAX_ERROR_CHARS]
+        meaning = describe_error(exc) if describe_error is not None else None
+        error = clean_text(meaning or f"plugin raised {text}")[:MAX_ERROR_CHARS]
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
                                         success=False, error_message=error)))
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
+    try:
+        details = clean_details(result.details)
+    except BadDetailsError as exc:  # recorded on the run: the plugin's mistake, not a crash of the worker
+        error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
+        outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
+        return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
+                                    notification=notice_text(plugin, context, outcome))
     outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
     return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=clean_details(result.details),
-                                notification=notice_text(plugin, context, outcome))
+                                details=details, notification=notice_text(plugin, context, outcome))
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
@@ -183,17 +194,46 @@ def clean_text(value: object) -> str:
     return str(value).replace("\x00", "\ufffd")
 
 
-def clean_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
+class BadDetailsError(ValueError):
+    """Details a plugin returned that cannot be stored: not a JSON object, cyclic, or nested too deeply."""
+
+
+def clean_details(details: object) -> dict[str, Any] | None:
     """Details as plain JSON values (anything else becomes its ``repr``), at most ``MAX_DETAILS_BYTES``
-    encoded; larger ones are replaced by ``{"truncated": True, "size_bytes": N, "preview": "..."}``."""
+    encoded; larger ones are replaced by ``{"truncated": True, "size_bytes": N, "preview": "..."}``.
+    Raises :class:`BadDetailsError` for a value that is not a dict (``"details must be a JSON object (a dict),
+    got list"``), a cyclic one, or one nested more than ``MAX_DETAILS_DEPTH`` levels."""
     if details is None:
         return None
-    encoded = msgspec.json.encode(details, enc_hook=repr)
+    if not isinstance(details, dict):
+        raise BadDetailsError(f"details must be a JSON object (a dict), got {type(details).__name__}")
+    try:
+        encoded = msgspec.json.encode(details, enc_hook=repr)
+    except RecursionError:
+        raise BadDetailsError("details must be a JSON object without reference cycles, nested at most "
+                         f"{MAX_DETAILS_DEPTH} levels") from None
     if len(encoded) > MAX_DETAILS_BYTES:
         return {"truncated": True, "size_bytes": len(encoded),
                 "preview": encoded[:2000].decode("utf-8", errors="replace")}
-    cleaned = _wire_safe(msgspec.json.decode(encoded))
+    decoded = msgspec.json.decode(encoded)
+    if _depth(decoded) > MAX_DETAILS_DEPTH:
+        raise BadDetailsError(f"details must be nested at most {MAX_DETAILS_DEPTH} levels")
+    cleaned = _wire_safe(decoded)
     return cleaned if isinstance(cleaned, dict) else None
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of decoded JSON (a tree: no cycles), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item if isinstance(v, dict | list))
+    return deepest
 
 
 def _wire_safe(value: object) -> object:

@@ -8,8 +8,15 @@ for a timer's service does the same). Process finding and signalling go through
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
 
 import psutil
 
@@ -17,14 +24,37 @@ from mjsched_isolated import proctree
 
 log = logging.getLogger("mjsched.child")
 
+# the C functions under ``signal``: signal.getsignal converts to enums, 2 us a signal, 60 signals a run
+_signal: Any = importlib.import_module("_signal")
+
 LEFTOVER_REAP_TIMEOUT_S = 1.0
 
 
+_TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+# every signal whose handler Python can read and set (SIGKILL and SIGSTOP cannot be caught)
+_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+
+
 class ProcessState:
-    """Process state a plugin may change and the next run must not inherit: cwd, environment, umask."""
+    """Process state a plugin may change and the next run must not inherit: working directory,
+    environment, umask, pending alarm and interval timers, signal handlers and the blocked-signal mask
+    (main thread), ``sys.stdin``/``stdout``/
+    ``stderr`` (and file descriptors 0-2 if a run closed them), and the threads that exist.
+
+    A run that changed any of these gets a warning naming what was put back, so the cause is found at the
+    run that caused it, not at the next one it would have broken."""
 
     def __init__(self, cwd: str, environ: dict[str, str], umask: int) -> None:
         self.cwd, self.environ, self.umask = cwd, environ, umask
+        self.environ_data = _environ_data()
+        self.handlers: dict[int, Any] = {}
+        for signum in _SIGNALS:
+            with contextlib.suppress(OSError, ValueError):
+                self.handlers[signum] = _signal.getsignal(signum)
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.fds = {fd: _dup(fd) for fd in (0, 1, 2)}
+        self.threads = set(threading.enumerate())
 
     @classmethod
     def capture(cls) -> ProcessState:
@@ -33,24 +63,108 @@ class ProcessState:
         os.umask(umask)
         return cls(os.getcwd(), dict(os.environ), umask)
 
-    def restore(self) -> None:
-        """Put the captured state back (a working directory that is gone is logged and left)."""
+    def restore(self) -> list[str]:
+        """Put the captured state back; returns what had changed (``"signal handler SIGALRM"``, ...), empty
+        for a run that changed nothing. A working directory that is gone is logged and left."""
+        changed: list[str] = []
         try:
-            os.chdir(self.cwd)
-        except OSError:
-            log.warning("could not return to %s after the run", self.cwd)
-        if dict(os.environ) != self.environ:
+            moved = os.getcwd() != self.cwd
+        except OSError:  # the run removed the directory it moved to
+            moved = True
+        if moved:
+            changed.append("working directory")
+            try:
+                os.chdir(self.cwd)
+            except OSError:
+                log.warning("could not return to %s after the run", self.cwd)
+        if _environ_data() != self.environ_data:
+            changed.append("environment")
             os.environ.clear()
             os.environ.update(self.environ)
-        os.umask(self.umask)
+        if os.umask(self.umask) != self.umask:
+            changed.append("umask")
+        if signal.alarm(0):
+            changed.append("pending alarm")
+        for timer in _TIMERS:
+            if signal.getitimer(timer) != (0.0, 0.0):
+                signal.setitimer(timer, 0)
+                changed.append(f"interval timer {timer}")
+        for signum, handler in self.handlers.items():
+            if _signal.getsignal(signum) != handler:
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    _signal.signal(signum, handler)
+                changed.append(f"signal handler {signal.Signals(signum).name}")
+        if signal.pthread_sigmask(signal.SIG_SETMASK, self.mask) != self.mask:
+            changed.append("blocked signals")
+        changed += self._restore_streams()
+        return changed
+
+    def _restore_streams(self) -> list[str]:
+        changed = []
+        for fd, saved in self.fds.items():
+            if saved is not None and not _is_open(fd):
+                os.dup2(saved, fd)
+                changed.append(f"file descriptor {fd}")
+        names = ("stdin", "stdout", "stderr")
+        originals = []
+        for fd, (name, stream) in enumerate(zip(names, self.streams, strict=True)):
+            if stream is None or stream.closed:  # the run closed the object itself: a new one on the same fd
+                stream = open(fd, "r" if fd == 0 else "w", buffering=1, encoding="utf-8",  # noqa: SIM115
+                              errors="backslashreplace", closefd=False)
+                changed.append(f"sys.{name} (closed)")
+            elif getattr(sys, name) is not stream:
+                changed.append(f"sys.{name}")
+            originals.append(stream)
+        sys.stdin, sys.stdout, sys.stderr = originals
+        self.streams = (originals[0], originals[1], originals[2])
+        return changed
+
+    def new_threads(self) -> list[threading.Thread]:
+        """Threads alive now that were not at capture time: a run's own threads it did not end. The worker's
+        event loop's default executor threads (``asyncio_N``, reused by later async runs) do not count."""
+        return [t for t in threading.enumerate()
+                if t not in self.threads and t.is_alive() and not t.name.startswith("asyncio_")]
 
 
-def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str) -> list[int]:
+def _environ_data() -> dict[Any, Any]:
+    """The environment as ``os.environ`` keeps it (bytes on POSIX): copied and compared in microseconds,
+    where ``dict(os.environ)`` decodes every variable (80 us a run)."""
+    data = getattr(os.environ, "_data", None)
+    return dict(data) if isinstance(data, dict) else dict(os.environ)
+
+
+def _dup(fd: int) -> int | None:
+    try:
+        copy = os.dup(fd)
+    except OSError:
+        return None
+    os.set_inheritable(copy, False)
+    return copy
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: bool = False) -> list[int]:
     """Kill what a finished run left running: this worker's descendants and the members of its session
     (a daemonised subprocess re-parented to init stays in it, even in a process group of its own), except
-    the watchdog. Only a process that started its own session and was re-parented escapes. Zombies are
-    reaped, not logged. Returns the pids found."""
+    the watchdog. Zombies are reaped, not logged. Returns the pids found.
+
+    ``subreaper``: this worker is a child subreaper (:func:`proctree.become_subreaper`, Linux), so every
+    process a run started and left behind, even one that started its own session, is still below it; when
+    the worker has no child but the watchdog (the common case) nothing was left and no process table is
+    scanned (a few reads of ``/proc/self``). Without it, only a process that started its own session and
+    was re-parented to init escapes."""
     me = os.getpid()
+    if subreaper:
+        children = proctree.own_children()
+        if children is not None and not children - {watchdog_pid}:
+            return []
     found: list[psutil.Process] = []
     for pid in sorted(proctree.session_and_descendants(me) - {watchdog_pid}):
         try:
@@ -62,10 +176,28 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str) -> list[int]:
             continue
         found.append(proc)
     proctree.signal_all(found)
-    mine = [p for p in found if _ppid(p) == me]  # others are init's to reap: waiting on them would stall
-    if mine:
-        psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
+    if subreaper:
+        _reap_children(watchdog_pid)
+    else:
+        mine = [p for p in found if _ppid(p) == me]  # others are init's to reap: waiting on them would stall
+        if mine:
+            psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
     return [p.pid for p in found]
+
+
+def _reap_children(watchdog_pid: int) -> None:
+    """Reap every child but the watchdog, bounded by ``LEFTOVER_REAP_TIMEOUT_S``: the killed processes
+    and the orphans of killed parents re-parented to this subreaper as their parents die."""
+    give_up = time.monotonic() + LEFTOVER_REAP_TIMEOUT_S
+    while True:
+        children = (proctree.own_children() or set()) - {watchdog_pid}
+        if not proctree.reap(children) and not (proctree.own_children() or set()) - {watchdog_pid}:
+            return
+        if time.monotonic() > give_up:
+            log.warning("processes %s did not end within %.0f s of SIGKILL", sorted(children),
+                        LEFTOVER_REAP_TIMEOUT_S)
+            return
+        time.sleep(0.002)  # SIGKILLed processes end within milliseconds: a bounded poll of the kernel
 
 
 def _ppid(proc: psutil.Process) -> int | None:

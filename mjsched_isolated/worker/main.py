@@ -1,10 +1,11 @@
 """The worker child's entry and loop: a top-level function started with the *spawn* method, in its own
 session.
 
-It points fd 1 at fd 2 (a plugin's ``print`` or a subprocess inheriting stdout must never reach the
-supervisor's or the CLI's stdout), forks its watchdog (:mod:`~mjsched_isolated.worker.watchdog`), imports
-the plugins (the supervisor never does), says :class:`~mjsched_isolated.protocol.Ready`, then serves one
-request at a time until ``Stop`` or end-of-pipe. Each run goes through
+It forks its watchdog (:mod:`~mjsched_isolated.worker.watchdog`), points fds 1 and 2 at the output capture
+(:mod:`~mjsched_isolated.worker.output`: a plugin's ``print`` or a subprocess's output belongs to its run,
+never to the supervisor's or the CLI's stdout), imports the plugins (the supervisor never does), says
+:class:`~mjsched_isolated.protocol.Ready`, then serves one request at a time until ``Stop`` or end-of-pipe.
+Each run goes through
 :func:`~mjsched_isolated.worker.execute.run`; after it, :mod:`~mjsched_isolated.worker.hygiene` restores the
 process state and kills what the run left running. It never touches the database.
 
@@ -14,6 +15,7 @@ imports the plugin loader only inside :func:`main`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -24,22 +26,26 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated import logs, protocol
-from mjsched_isolated.worker import hygiene, watchdog
+from mjsched_isolated import logs, proctree, protocol
+from mjsched_isolated.worker import hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
+from mjsched_isolated.worker.output import OutputCapture
 
 __all__ = ["PipeSender", "main"]
+
+log = logging.getLogger("mjsched.child")
 
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
-         skip_modules: dict[str, str] | None = None) -> None:
+         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
     monotonic time after which the supervisor's lease can no longer be trusted (see
     :mod:`~mjsched_isolated.supervisor.liveness`). ``skip_modules``: plugin modules not to import (an
-    earlier child died importing them) -> why."""
+    earlier child died importing them) -> why. ``max_run_output_bytes``: what a run's output keeps (first
+    and last halves; see :mod:`~mjsched_isolated.worker.output`)."""
     os.dup2(2, 1)  # stdout is the supervisor's (or the CLI's JSON output): plugin output goes to stderr
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     # Shutdown is the supervisor's decision: a Ctrl-C or a SIGTERM sent to the whole process tree (systemd's
@@ -47,12 +53,16 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _ignore_signal)
+    subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
+    sender = PipeSender(conn)
+    capture = OutputCapture(sender.send, max_run_output_bytes)
+    capture.install()  # after the watchdog's fork: it keeps the real stderr
     logs.configure(log_level, log_format, worker_pid=os.getpid())
+    capture.route_logging()
     from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
-    sender = PipeSender(conn)
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
                             on_import=lambda module: sender.send(protocol.Importing(module=module)))
     baseline = hygiene.ProcessState.capture()
@@ -70,18 +80,48 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
         elif isinstance(message, protocol.RunRequest):
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
-            result = run(registry, message, sender)
+            capture.begin(message.run_id)
+            applied = limits.apply(message.limits)
+            if applied is not None and applied.errors:
+                log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
+                            "; ".join(applied.errors))
+            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            retiring = limits.restore(applied)
+            capture.end()  # the run's output is sent before its result
             busy.value = 0
-            baseline.restore()
+            retiring = _after_run(baseline, message) or retiring
+            if retiring is not None:
+                result = msgspec.structs.replace(result, retiring=retiring)
             try:
                 sender.send(result)
             except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable plugin data
                 sender.send(protocol.RunFinished(
                     run_id=result.run_id, success=result.success, error_message=result.error_message,
-                    details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"}))
+                    details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
+                    retiring=retiring))
             # after the result (its recording overlaps), before the next run
-            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name)
+            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
             logs.current_run = None
+            if retiring is not None:  # the pool gives this child no other run; left threads must not hold it
+                logging.shutdown()
+                os._exit(0)
+
+
+def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest) -> str | None:
+    """Put back the process state the run changed (logged, naming it) and return why this worker must be
+    replaced after the run (None: it serves the next one): threads the run left running could act in a
+    later run (call ``os._exit``, hold locks) and cannot be stopped from outside."""
+    changed = baseline.restore()
+    if changed:
+        log.warning("run %d of job %s changed the worker's %s; restored", request.run_id, request.job_name,
+                    ", ".join(changed))
+    threads = baseline.new_threads()
+    if threads:
+        names = ", ".join(sorted(t.name for t in threads))[:200]
+        log.warning("run %d of job %s left %d thread(s) running (%s); the worker is replaced after it",
+                    request.run_id, request.job_name, len(threads), names)
+        return f"run {request.run_id} left {len(threads)} thread(s) running ({names})"
+    return None
 
 
 class PipeSender:

@@ -1,6 +1,7 @@
 """Test plugins with known behaviours: succeed, fail, raise, crash the child, hang, sleep."""
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -128,8 +129,9 @@ class Hang(BaseScheduledJob):
             _write_atomically(Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.grandchild"),
                               str(grandchild.pid))
         _mark(context)
-        # one write, so the line is not interleaved with the supervisor's log on a shared pipe
-        os.write(1, f"hang: run {context.run_id} grandchild {grandchild.pid}\n".encode())
+        # a run's own output is captured with the run (worker/output.py); the tests that wait for this line
+        # read the supervisor's log, where only the worker's own logger still writes
+        logging.getLogger("mjsched.child").warning("hang: run %d grandchild %d", context.run_id, grandchild.pid)
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # only SIGKILL will do
         while True:
             time.sleep(3600)
@@ -191,7 +193,8 @@ class GilHog(BaseScheduledJob):
         import re
 
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
-        os.write(1, f"gil_hog: run {context.run_id} grandchild {grandchild.pid}\n".encode())
+        # to the supervisor's log (the worker's own logger): the run's own output is stored with the run
+        logging.getLogger("mjsched.child").warning("gil_hog: run %d grandchild %d", context.run_id, grandchild.pid)
         re.match(r"(a*)*b", "a" * 64)
         return ScheduledJobResult(success=True)
 

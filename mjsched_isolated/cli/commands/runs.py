@@ -1,8 +1,10 @@
-"""``mjsched runs ...``: list, show, prune."""
+"""``mjsched runs ...``: list, show, cancel, logs, prune."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from mjsched_isolated import ops
 from mjsched_isolated.cli import render
@@ -43,6 +45,61 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         render.listing(row, width=22)  # terminal-safe: a plugin's escape codes do not reach the terminal
     return Exit.OK
+
+
+WAIT_POLL_S = 0.2  # how often `runs cancel --wait` reads the run row
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Record the cancel request; with ``--wait``, poll the row (an outer loop: it reads clocks) until the
+    run has ended or the bound passes, and say whether the cancel took effect or came too late."""
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    if args.wait is not None and not 0 <= args.wait <= 86400:
+        raise InputError("--wait", f"must be from 0 to 86400 seconds, got {args.wait:g}")
+    with open_store(args) as store:
+        try:
+            row = ops.cancel_run(store, args.id, args.by)
+        except InputError as exc:
+            raise (exc.renamed("--by") if exc.field == "requested_by" else exc) from None
+        if args.wait is not None:
+            give_up = time.monotonic() + args.wait
+            while row["status"] == "Running" and time.monotonic() < give_up:
+                time.sleep(min(WAIT_POLL_S, max(0.0, give_up - time.monotonic())))
+                row = ops.get_run(store, args.id)
+    if args.json:
+        render.print_json(row)
+    elif row["status"] == "Running":
+        holder = row["executed_by_instance"]
+        print(f"cancel of run {row['id']} (job {row['job_name']}) requested by {row['cancel_requested_by']}: "
+              f"supervisor {holder} stops it at its next lease renewal"
+              + (f"; still running after {args.wait:g} s" if args.wait is not None else ""))
+    elif row["status"] == "Cancelled":
+        print(f"run {row['id']} (job {row['job_name']}) Cancelled: {row['error_message']}")
+    else:
+        print(f"run {row['id']} (job {row['job_name']}) finished {row['status']} before the cancel took effect: "
+              "the cancel came too late and the run keeps its outcome")
+    if args.wait is not None and row["status"] != "Cancelled":
+        return Exit.FAILED
+    return Exit.OK
+FOLLOW_POLL_S = 1.0  # the worker sends a live run's output about once a second
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the run's output in order; with ``--follow``, keep printing until the run has ended."""
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    with open_store(args) as store:
+        after = -1
+        while True:
+            chunks, running = ops.run_output(store, args.id, after)
+            for seq, text in chunks:
+                sys.stdout.write(text)
+                after = seq
+            sys.stdout.flush()
+            if not (args.follow and running):
+                return Exit.OK
+            time.sleep(FOLLOW_POLL_S)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 
 from mjsched_isolated import config, cron, ops
 from mjsched_isolated.cli import render
@@ -31,19 +33,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     jobs_file = config.default_jobs_file(settings)
     metrics = metrics_mod.for_settings(settings)
     metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
+    pool = Pool.from_settings(settings)
+    log = logging.getLogger("mjsched.cli")
+
+    def waiting(attempt: int, pause_s: float, reason: str) -> None:
+        """The database server is unreachable: say so (health too), and let the workers load the
+        plugins meanwhile, so the first poll after it comes back can dispatch at once."""
+        metrics.poll(f"waiting for the database (try {attempt}): {reason}")
+        log.warning("database %s unreachable (try %d: %s); trying again in %.1f s%s",
+                    config.redact_url(settings.database_url), attempt, reason, pause_s,
+                    "" if settings.wait_for_db_s is None else f" (gives up after {settings.wait_for_db_s:g} s)")
+        pool.start()
+
     try:
-        store = ops.open_store(settings.database_url, auto_upgrade=settings.auto_upgrade)
+        store = ops.open_store_waiting(settings.database_url, auto_upgrade=settings.auto_upgrade,
+                                       wait_s=settings.wait_for_db_s, on_wait=waiting)
     except BaseException:
+        pool.close()
         metrics.stop_server()
         raise
     try:
         if jobs_file:
             created, updated = ops.sync_jobs(store, settings, jobs_file, utcnow())
-            logging.getLogger("mjsched.cli").info("jobs file %s synced: %d created, %d updated",
-                                                  jobs_file, created, updated)
-        pool = Pool.from_settings(settings)
+            log.info("jobs file %s synced: %d created, %d updated", jobs_file, created, updated)
         return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
     finally:
+        pool.close()  # serve() closes it too; this is for a jobs file that failed before serve() began
         metrics.stop_server()  # also when the jobs file or the pool failed before serve() began
         store.close()
 
@@ -99,6 +114,16 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     return Exit.FAILED if report.failures else Exit.OK
 
 
+def cmd_plugins_reload(args: argparse.Namespace) -> int:
+    """Ask every supervisor of this database to reload its plugins (a ``plugin_reloads`` row)."""
+    with open_store(args) as store:
+        request = store.request_plugin_reload(f"{socket.gethostname()}-{os.getpid()}")
+    print(f"plugin reload requested (request {request['id']}): every supervisor of this database loads the plugin "
+          f"code on its disk within lease_renew_interval_s ({args.settings.lease_renew_interval_s:g} s) and replaces "
+          f"its workers as their runs end; one whose new code fails to import keeps its workers and logs why")
+    return Exit.OK
+
+
 def cmd_cron_next(args: argparse.Namespace) -> int:
     from mjsched_isolated.cronshow import MAX_COUNT, describe_next  # noqa: PLC0415 - loaded only where needed
 
@@ -109,7 +134,7 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
         after = iso_arg("--after", args.after) or utcnow()
         if after.tzinfo is None:
             after = after.replace(tzinfo=zone)
-        rows = describe_next(args.expression, args.tz, after, args.count)
+        rows = describe_next(args.expression, args.tz, after, args.count, args.dst_gap, args.dst_fold)
     except InputError as exc:
         raise exc.renamed({"timezone": "--tz", "cron_expression": "expression"}.get(exc.field, exc.field)) from None
     if args.json:

@@ -1,0 +1,416 @@
+"""The dashboard's ASGI application (Starlette): pages, their JSON under ``/api/``, actions, live updates.
+
+Every page ``/x`` has its JSON at ``/api/x`` (described by ``/api/openapi.json``). Actions are POSTs
+(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``); the pages' forms post to the same URLs
+and are sent back to the page (303) with a one-line message. Every action, refused ones too, is logged
+(logger ``mjsched.dashboard``) and stored in the audit log with who and when.
+
+Live updates: ``/api/events`` is a server-sent event stream that says ``change`` whenever the database's
+fingerprint (:meth:`DashboardViews.fingerprint`) changes, checked every ``poll_s`` seconds; the page's
+script then fetches the page again and swaps its ``<main>``. The script closes the stream while the tab
+is hidden.
+
+"Run now" does what ``jobs run`` does (:func:`ops.run_job`: a short-lived ``jobs-run-`` supervisor with one
+worker child, in this process) on a background thread, so the request answers at once (202) and the run
+shows up live like any other; one manual run per job at a time from one dashboard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from mjsched_isolated import ops
+from mjsched_isolated.config import Settings
+from mjsched_isolated.dashboard import charts, data
+from mjsched_isolated.dashboard.auth import COOKIE, Auth, Role, Session
+from mjsched_isolated.dashboard.openapi import openapi_schema
+from mjsched_isolated.enums import ConcurrencyMode
+from mjsched_isolated.errors import InputError, MjschedError, NotFoundError
+from mjsched_isolated.store import Store
+from mjsched_isolated.store.dashboard_views import DashboardViews
+
+log = logging.getLogger("mjsched.dashboard")
+HERE = Path(__file__).parent
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+EDITABLE = ("cron_expression", "timezone", "description", "configuration", "concurrency_mode",
+            "max_runtime_minutes")
+
+
+def utcnow() -> dt.datetime:
+    """The wall clock (aware UTC): requests are outer loops; the page functions take ``now``."""
+    return dt.datetime.now(dt.UTC)
+
+
+class Who:
+    """The requester: ``role`` (None: must log in), ``actor`` (for the audit log), ``session`` (the
+    cookie's, possibly new: ``set_cookie``) and ``bearer`` (authenticated by token)."""
+
+    def __init__(self, session: Session, role: Role | None, actor: str, *, bearer: bool, set_cookie: bool) -> None:
+        self.session, self.role, self.actor, self.bearer, self.set_cookie = session, role, actor, bearer, set_cookie
+
+
+class Dashboard:
+    """The application's state: settings, store, auth, templates, manual runs in progress."""
+
+    def __init__(self, settings: Settings, store: Store, *, poll_s: float = 1.0) -> None:
+        self.settings, self.store, self.poll_s = settings, store, poll_s
+        self.views = DashboardViews(store.engine)
+        self.auth = Auth(settings.dashboard)
+        self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+        self.env.filters["ts"] = _ts
+        self.env.filters["ms"] = lambda v: "" if v is None else f"{v:,.0f} ms"
+        self.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False)
+        self.env.globals["chart"] = charts.svg
+        self.manual: set[str] = set()
+        self.lock = threading.Lock()
+
+    # -- who ------------------------------------------------------------------------------------------
+    def identify(self, request: Request) -> Who:
+        role = self.auth.bearer(request.headers.get("authorization"))
+        session = self.auth.read_cookie(request.cookies.get(COOKIE))
+        if role is not None:
+            return Who(session or self.auth.new_session(), role, f"token:{role}", bearer=True, set_cookie=False)
+        if session is None:
+            session = self.auth.new_session()
+            fresh = True
+        else:
+            fresh = False
+        if not self.auth.enabled:
+            return Who(session, "operator", "local", bearer=False, set_cookie=fresh)
+        return Who(session, session.role, session.actor, bearer=False, set_cookie=fresh)
+
+    def finish(self, response: Response, who: Who) -> Response:
+        if who.set_cookie:
+            response.set_cookie(COOKIE, self.auth.cookie_value(who.session), httponly=True, samesite="strict",
+                                max_age=int(self.auth.max_age_s), path="/")
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    # -- rendering ------------------------------------------------------------------------------------
+    def page(self, request: Request, who: Who, template: str, context: dict[str, Any]) -> Response:
+        html = self.env.get_template(template).render(
+            **{"now": utcnow(), **context}, who=who, csrf=self.auth.csrf_token(who.session),
+            auth_enabled=self.auth.enabled,
+            flash=request.query_params.get("flash"), flash_error=request.query_params.get("error"),
+            path=request.url.path, query=str(request.url.query), urlencode=urlencode)
+        return self.finish(HTMLResponse(html), who)
+
+    def json(self, who: Who, content: Any, status: int = 200) -> Response:
+        body = json.dumps(content, default=_json_default, ensure_ascii=False).encode()
+        return self.finish(Response(body, status, media_type="application/json"), who)
+
+    def error(self, request: Request, who: Who, status: int, message: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return self.json(who, {"error": message}, status)
+        html = self.env.get_template("error.html").render(status=status, message=message, who=who,
+                                                          csrf=self.auth.csrf_token(who.session),
+                                                          auth_enabled=self.auth.enabled, path=request.url.path,
+                                                          flash=None, flash_error=None)
+        return self.finish(HTMLResponse(html, status), who)
+
+    def audit(self, who: Who, request: Request, action: str, target: str | None, outcome: str,
+              details: dict[str, Any] | None = None) -> None:
+        remote = request.client.host if request.client else None
+        log.info("dashboard action %s %s by %s (%s) from %s: %s%s", action, target or "-", who.actor,
+                 who.role or "none", remote or "?", outcome, f" {details}" if details else "")
+        self.views.record_action(actor=who.actor, role=who.role or "none", action=action, target=target,
+                                 outcome=outcome, details=details, remote_addr=remote)
+
+
+def _ts(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return "" if value is None else str(value)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
+Handler = Callable[[Request, Who], Awaitable[Response]]
+
+
+def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Starlette:
+    """The dashboard on ``store`` (already open, at this code's schema)."""
+    dash = Dashboard(settings, store, poll_s=poll_s)
+
+    def guarded(handler: Handler, *, page: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            who = dash.identify(request)
+            if who.role is None:
+                if page:
+                    return dash.finish(RedirectResponse("/login?" + urlencode({"next": _next_of(request)}), 303), who)
+                return dash.error(request, who, 401, "authentication required: log in, or send "
+                                                     "'Authorization: Bearer <token>'")
+            try:
+                return await handler(request, who)
+            except NotFoundError as exc:
+                return dash.error(request, who, 404, str(exc))
+            except InputError as exc:
+                return dash.error(request, who, 400, str(exc))
+        return endpoint
+
+    def reader(fn: Callable[[Request], dict[str, Any]], template: str | None
+               ) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request, who: Who) -> Response:
+            context = await run_in_threadpool(fn, request)
+            if template is None:
+                return dash.json(who, context)
+            return dash.page(request, who, template, context)
+        return guarded(handler, page=template is not None)
+
+    def q(request: Request) -> dict[str, str]:
+        return dict(request.query_params)
+
+    pages = {
+        "overview": lambda r: data.overview(store, dash.views, utcnow(), settings.database_url),
+        "jobs": lambda r: data.jobs_page(dash.views, q(r)),
+        "job": lambda r: data.job_page(store, dash.views, r.path_params["name"], q(r), utcnow()),
+        "runs": lambda r: data.runs_page(dash.views, q(r)),
+        "run": lambda r: data.run_page(dash.views, r.path_params["run_id"]),
+        "audit": lambda r: data.audit_page(dash.views, q(r)),
+    }
+
+    # -- actions ------------------------------------------------------------------------------------
+    def action(name: str, perform: Callable[[Request, Who, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+               ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            who = dash.identify(request)
+            form: dict[str, Any] = {}
+            is_form = request.headers.get("content-type", "").startswith(
+                ("application/x-www-form-urlencoded", "multipart/form-data"))
+            if is_form:
+                form = dict(await request.form())
+            elif request.headers.get("content-type", "").startswith("application/json"):
+                try:
+                    body = json.loads(await request.body() or b"{}")
+                except ValueError:
+                    body = None
+                if not isinstance(body, dict):
+                    return dash.error(request, who, 400, "body: must be a JSON object")
+                form = body
+            target = request.path_params.get("name")
+            token = request.headers.get("x-csrf-token") or (form.pop("csrf_token", None) if is_form else None)
+            if not who.bearer and not dash.auth.csrf_ok(who.session, token if isinstance(token, str) else None):
+                await run_in_threadpool(dash.audit, who, request, name, target, "refused", {"reason": "no CSRF token"})
+                return dash.error(request, who, 403, "forbidden: a POST needs the page's CSRF token or a bearer token")
+            if who.role is None:
+                return dash.error(request, who, 401, "authentication required")
+            if who.role != "operator":
+                await run_in_threadpool(dash.audit, who, request, name, target, "refused", {"reason": "read-only role"})
+                return _back(request, who, 403, f"forbidden: the {who.role} role is read-only", is_form)
+            try:
+                status, result = await perform(request, who, target or "", form)
+            except (InputError, MjschedError) as exc:
+                code = (404 if isinstance(exc, NotFoundError) else
+                        409 if isinstance(exc, ops.AlreadyRunningError) else 400)
+                await run_in_threadpool(dash.audit, who, request, name, target, "error", {"error": str(exc)})
+                return _back(request, who, code, str(exc), is_form)
+            await run_in_threadpool(dash.audit, who, request, name, target, "ok",
+                                    {k: v for k, v in form.items() if k != "next"} or None)
+            if is_form:
+                return _redirect(request, who, form.get("next"), flash=result.get("message", "done"))
+            return dash.json(who, result, status)
+        return endpoint
+
+    def _back(request: Request, who: Who, status: int, message: str, is_form: bool) -> Response:
+        if is_form and status != 403:
+            return _redirect(request, who, None, error=message)
+        return dash.error(request, who, status, message)
+
+    def _redirect(request: Request, who: Who, target: Any, **message: str) -> Response:
+        back = target if isinstance(target, str) and target.startswith("/") and not target.startswith("//") else (
+            "/jobs/" + request.path_params["name"] if "name" in request.path_params else "/")
+        back = back.split("?")[0] + "?" + urlencode(message)
+        return dash.finish(RedirectResponse(back, 303), who)
+
+    async def do_pause(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        job = await run_in_threadpool(ops.pause_job, store, name, utcnow())
+        return 200, {"job": data._job_summary(job), "message": f"job {name!r} paused"}
+
+    async def do_resume(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        job = await run_in_threadpool(ops.resume_job, store, name, utcnow())
+        return 200, {"job": data._job_summary(job), "message": f"job {name!r} {job['status'].lower()}"}
+
+    async def do_update(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        changes = _changes(form)
+        job = await run_in_threadpool(ops.update_job, store, settings, name, changes, utcnow())
+        return 200, {"job": data._job_summary(job), "message": f"job {name!r} updated"}
+
+    async def do_run(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        job = await run_in_threadpool(store.get_job, name)
+        if job["concurrency_mode"] != ConcurrencyMode.CONCURRENT and job["locked_by_instance"]:
+            raise ops.AlreadyRunningError(name, job["concurrency_mode"], job["locked_by_instance"], job["locked_at"])
+        with dash.lock:
+            if name in dash.manual:
+                raise ops.AlreadyRunningError(name, job["concurrency_mode"], None, None)
+            dash.manual.add(name)
+        threading.Thread(target=_run_in_background, args=(dash, who, request.client.host if request.client else None,
+                                                         name), name=f"run-now-{name}", daemon=True).start()
+        return 202, {"job_name": name, "accepted": True,
+                     "message": f"job {name!r} started: its run appears in the list as soon as a worker takes it"}
+
+    # -- login ---------------------------------------------------------------------------------------
+    async def login_page(request: Request) -> Response:
+        who = dash.identify(request)
+        return dash.page(request, who, "login.html", {"next": _safe_next(request.query_params.get("next"))})
+
+    async def login(request: Request) -> Response:
+        who = dash.identify(request)
+        form = dict(await request.form())
+        if not dash.auth.csrf_ok(who.session, str(form.get("csrf_token") or "")):
+            return dash.error(request, who, 403, "forbidden: a POST needs the page's CSRF token")
+        role = await run_in_threadpool(dash.auth.login, str(form.get("password") or ""))
+        remote = request.client.host if request.client else "?"
+        if role is None:
+            await run_in_threadpool(dash.audit, who, request, "login", None, "refused", None)
+            return dash.page(request, who, "login.html", {"next": _safe_next(form.get("next")),
+                                                          "login_error": "wrong password"})
+        session = dash.auth.new_session(role, f"{role}@{remote}")
+        new = Who(session, role, session.actor, bearer=False, set_cookie=True)
+        await run_in_threadpool(dash.audit, new, request, "login", None, "ok", None)
+        return dash.finish(RedirectResponse(_safe_next(form.get("next")), 303), new)
+
+    async def logout(request: Request) -> Response:
+        who = dash.identify(request)
+        form = dict(await request.form())
+        if not dash.auth.csrf_ok(who.session, str(form.get("csrf_token") or "")):
+            return dash.error(request, who, 403, "forbidden: a POST needs the page's CSRF token")
+        new = Who(dash.auth.new_session(), None, "anonymous", bearer=False, set_cookie=True)
+        return dash.finish(RedirectResponse("/login" if dash.auth.enabled else "/", 303), new)
+
+    # -- live updates --------------------------------------------------------------------------------
+    async def events(request: Request, who: Who) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            last = None
+            yield "retry: 2000\n\n"
+            while not await request.is_disconnected():
+                mark = await run_in_threadpool(dash.views.fingerprint)
+                if mark != last:
+                    if last is not None:
+                        yield "event: change\ndata: {}\n\n"
+                    last = mark
+                else:
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(dash.poll_s)
+        response = StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return dash.finish(response, who)
+
+    async def schema(request: Request, who: Who) -> Response:
+        return dash.json(who, openapi_schema())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    routes = [
+        Route("/", reader(pages["overview"], "overview.html")),
+        Route("/jobs", reader(pages["jobs"], "jobs.html")),
+        Route("/jobs/{name:path}", reader(pages["job"], "job.html")),
+        Route("/runs", reader(pages["runs"], "runs.html")),
+        Route("/runs/{run_id}", reader(pages["run"], "run.html")),
+        Route("/audit", reader(pages["audit"], "audit.html")),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/healthz", health),
+        Route("/api/openapi.json", guarded(schema, page=False)),
+        Route("/api/events", guarded(events, page=False)),
+        Route("/api/overview", reader(pages["overview"], None)),
+        Route("/api/jobs", reader(pages["jobs"], None)),
+        Route("/api/runs", reader(pages["runs"], None)),
+        Route("/api/runs/{run_id}", reader(pages["run"], None)),
+        Route("/api/audit", reader(pages["audit"], None)),
+        Route("/api/jobs/{name:path}/run", action("run", do_run), methods=["POST"]),
+        Route("/api/jobs/{name:path}/pause", action("pause", do_pause), methods=["POST"]),
+        Route("/api/jobs/{name:path}/resume", action("resume", do_resume), methods=["POST"]),
+        Route("/api/jobs/{name:path}/update", action("update", do_update), methods=["POST"]),
+        Route("/api/jobs/{name:path}", reader(pages["job"], None)),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.dashboard = dash
+    return app
+
+
+def _run_in_background(dash: Dashboard, who: Who, remote: str | None, name: str) -> None:
+    try:
+        outcome = ops.run_job(dash.store, dash.settings, name)
+        details: dict[str, Any] = {"run_id": outcome.run_id, "queued": outcome.queued}
+        result = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported in the log and the audit log, never lost in a thread
+        details, result = {"error": str(exc)}, "error"
+        log.warning("run now of job %s failed: %s", name, exc)
+    finally:
+        with dash.lock:
+            dash.manual.discard(name)
+    try:
+        dash.views.record_action(actor=who.actor, role=who.role or "none", action="run finished", target=name,
+                                 outcome=result, details=details, remote_addr=remote)
+    except Exception as exc:  # noqa: BLE001 - the database went away: the log keeps it
+        log.warning("audit of run now of job %s not stored: %s", name, exc)
+
+
+def _changes(form: dict[str, Any]) -> dict[str, Any]:
+    """The edit form's (or JSON body's) fields as store values, like ``jobs update``'s options: empty
+    form fields are left unchanged; ``configuration`` is a JSON object (text in a form)."""
+    unknown = sorted(set(form) - set(EDITABLE) - {"next"})
+    if unknown:
+        raise InputError(unknown[0], f"cannot be changed here; editable: {', '.join(EDITABLE)}")
+    changes: dict[str, Any] = {}
+    for key in EDITABLE:
+        if key not in form:
+            continue
+        value = form[key]
+        if key == "configuration" and isinstance(value, str):
+            if not value.strip():
+                continue
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise InputError("configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
+            if not isinstance(value, dict):
+                raise InputError("configuration", "must be a JSON object")
+        elif key == "max_runtime_minutes" and isinstance(value, str):
+            if not value.strip():
+                continue
+            try:
+                value = int(value)
+            except ValueError:
+                raise InputError(key, f"must be an integer, got {value!r}") from None
+        elif isinstance(value, str) and not value.strip() and key != "description":
+            continue
+        changes[key] = value
+    if not changes:
+        raise InputError("update", "nothing to change: give at least one field")
+    return changes
+
+
+def _safe_next(value: Any) -> str:
+    return value if isinstance(value, str) and value.startswith("/") and not value.startswith("//") else "/"
+
+
+def _next_of(request: Request) -> str:
+    return request.url.path + (f"?{request.url.query}" if request.url.query else "")

@@ -1,0 +1,228 @@
+"""Plugin reload (issue 14): a run goes to a worker that has its job type; workers are replaced when the
+plugin files change, on ``plugins reload`` (through the database) or on SIGHUP without a terminal, once
+their run ends; a module that no longer imports keeps the current workers; SIGHUP with a controlling
+terminal is a hang-up (drain and stop, issue 12)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from conftest import add_job
+
+from mjsched_isolated import protocol
+
+YEARLY = "0 0 1 1 *"
+
+
+def _without(ready: protocol.Ready, job_type: str) -> protocol.Ready:
+    return msgspec.structs.replace(ready, plugins=[p for p in ready.plugins if p.job_type != job_type])
+
+
+# -- dispatch: a run goes to a worker that has its type ------------------------------------------------------
+def test_a_run_goes_to_an_idle_worker_that_has_its_type_not_to_the_last_one(mem_store, fake_factory):
+    """The defect: dispatch took the job types of the most recently started worker and handed the job to any
+    idle worker, so a worker started before a plugin was added got its runs ("unknown job type")."""
+    d = fake_factory(max_concurrent_jobs=2)
+    old, new = d.pool.workers[1], d.pool.workers[0]
+    old.ready = _without(old.ready, "ok")  # started before the plugin of "ok" was added; idle_workers()[-1]
+    d.pool.last_ready = new.ready
+    d.pool.hold()
+    add_job(mem_store, "j", "ok", YEARLY)
+    d.until(lambda: bool(d.supervisor.inflight))
+    (flight,) = d.supervisor.inflight.values()
+    assert flight.worker is new
+
+
+def test_a_job_whose_type_only_a_busy_worker_has_waits_for_it_without_spinning(mem_store, fake_factory):
+    d = fake_factory(max_concurrent_jobs=2)
+    with_type, without = d.pool.workers[0], d.pool.workers[1]
+    without.ready = _without(without.ready, "ok")
+    d.pool.hold("first")
+    add_job(mem_store, "first", "ok", YEARLY)
+    d.until(lambda: bool(d.supervisor.inflight))
+    add_job(mem_store, "second", "ok", YEARLY)
+    now, mono = d.supervisor.read_clock()
+    d.supervisor.step(now, mono)
+    assert [f.job_name for f in d.supervisor.inflight.values()] == ["first"]  # not handed to `without`
+    next_due = d.supervisor.dispatcher.next_due_at()  # the loop waits for a result, no 1 ms spin on "second"
+    assert next_due is None or (next_due - now).days >= 1
+    assert mem_store.get_job("second")["skipped_count"] == 0  # not skipped as unavailable either
+    d.pool.hold("second")
+    (first_run,) = d.pool.held
+    d.pool.finish(first_run)  # the worker that has the type is free again: "second" goes to it
+    d.until(lambda: len(mem_store.list_runs(job_name="second")) == 1)
+    (flight,) = d.supervisor.inflight.values()
+    assert (flight.job_name, flight.worker) == ("second", with_type)
+
+
+# -- reload with real workers ------------------------------------------------------------------------------
+VERSIONED = '''
+from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+
+
+class Versioned(BaseScheduledJob):
+    job_type = "versioned"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True, details={{"version": VERSION}})
+
+
+VERSION = {version}
+'''
+
+WAITER = '''
+import time
+from pathlib import Path
+import msgspec
+import pytest
+from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+
+
+class Config(msgspec.Struct, kw_only=True):
+    wait_for: str
+
+
+class Waiter(BaseScheduledJob[Config]):
+    job_type = "waiter"
+
+    def execute(self, context):
+        give_up = time.monotonic() + 20
+        while not Path(context.configuration.wait_for).exists() and time.monotonic() < give_up:
+            time.sleep(0.02)
+        return ScheduledJobResult(success=True)
+'''
+
+
+def _write_plugin(path, text: str, *, bump_s: int) -> None:
+    """Write ``text`` with a modification time ``bump_s`` seconds ahead: a change the watcher must see even
+    when the size is the same and the write falls in the same clock tick as the previous one."""
+    import os
+    import time
+
+    path.write_text(text)
+    stamp = time.time_ns() + bump_s * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+@pytest.fixture
+def versioned(tmp_path):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    _write_plugin(folder / "versioned.py", VERSIONED.format(version=1), bump_s=0)
+    return folder
+
+
+def _run_details(store, name: str) -> dict:
+    (run,) = store.list_runs(job_name=name)
+    assert run["status"] == "Completed", run
+    return run["details"]
+
+
+@pytest.mark.timeout(60)
+def test_editing_a_plugin_while_serve_runs_changes_the_next_run_and_a_syntax_error_keeps_the_old_code(
+        versioned, db_url, store):
+    from procs import Serve
+
+    serve = Serve(db_url, "--max-concurrent-jobs", "2", plugins=str(versioned))
+    try:
+        serve.wait_ready()
+        add_job(store, "v1", "versioned", YEARLY)
+        serve.wait_for(r"run \d+ finished: job v1 Completed")
+        assert _run_details(store, "v1") == {"version": 1}
+
+        _write_plugin(versioned / "versioned.py", VERSIONED.format(version=2), bump_s=1)
+        serve.wait_for(r"plugin reload: every worker is replaced")
+        add_job(store, "v2", "versioned", YEARLY)
+        serve.wait_for(r"run \d+ finished: job v2 Completed")
+        assert _run_details(store, "v2") == {"version": 2}  # no restart
+
+        _write_plugin(versioned / "versioned.py", VERSIONED.format(version="2 +"), bump_s=2)  # a typo in a deploy
+        refused = serve.wait_for(r"plugin reload refused: plugin module versioned.py no longer imports")
+        assert "SyntaxError" in refused.string and "versioned" in refused.string
+        add_job(store, "v3", "versioned", YEARLY)
+        serve.wait_for(r"run \d+ finished: job v3 Completed")
+        assert _run_details(store, "v3") == {"version": 2}  # the old code, not a lost job type
+    finally:
+        serve.stop()
+
+
+@pytest.mark.timeout(60)
+def test_plugins_reload_reaches_a_supervisor_through_the_database_and_busy_workers_finish_first(
+        tmp_path, db_url, store, driver_factory, capsys, monkeypatch):
+    import json
+
+    from clirun import Cli
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "waiter.py").write_text(WAITER)
+    d = driver_factory(plugins_dir=str(folder), max_concurrent_jobs=2, lease_renew_interval_s=0.2).start()
+    release = tmp_path / "release"
+    add_job(store, "busy", "waiter", YEARLY, configuration=json.dumps({"wait_for": str(release)}))
+    d.until(lambda: len(d.supervisor.inflight) == 1)
+    (flight,) = d.supervisor.inflight.values()
+    busy_pid = flight.worker.pid
+    idle_pid = next(w.pid for w in d.pool.workers.values() if w is not None and w.pid != busy_pid)
+
+    result = Cli(capsys, monkeypatch, tmp_path)("plugins", "reload", "--db", db_url)
+    assert result.stdout.startswith("plugin reload requested (request 1)")
+    d.until(lambda: d.supervisor.reloader.reloads == 1)
+    pids = {w.pid for w in d.pool.workers.values() if w is not None}
+    assert busy_pid in pids and idle_pid not in pids  # the idle one is replaced at once, the busy one kept
+    assert flight.run_id in d.supervisor.inflight
+
+    release.touch()
+    d.until(lambda: not d.supervisor.inflight)
+    d.until(lambda: busy_pid not in {w.pid for w in d.pool.workers.values() if w is not None})
+    assert store.list_runs(job_name="busy")[0]["status"] == "Completed"  # its run ended normally first
+
+
+# -- SIGHUP: hang-up with a terminal, reload without one ----------------------------------------------------
+@pytest.mark.timeout(60)
+def test_sighup_without_a_controlling_terminal_reloads_plugins_and_serve_keeps_running(versioned, db_url, store):
+    import signal
+
+    from procs import Serve
+
+    serve = Serve(db_url, plugins=str(versioned), start_new_session=True)  # no controlling terminal
+    try:
+        serve.wait_ready()
+        serve.proc.send_signal(signal.SIGHUP)
+        serve.wait_for(r"plugin reload: SIGHUP")
+        serve.wait_for(r"plugin reload: every worker is replaced")
+        add_job(store, "after", "versioned", YEARLY)
+        serve.wait_for(r"run \d+ finished: job after Completed")  # still serving
+        assert serve.proc.poll() is None
+    finally:
+        serve.stop()
+
+
+@pytest.mark.timeout(60)
+def test_sighup_with_a_controlling_terminal_is_a_hang_up_that_drains_like_sigterm(versioned, db_url, store):
+    """Issue 12: a closed terminal or lost SSH session sent SIGHUP and serve died without draining."""
+    import fcntl
+    import os
+    import pty
+    import signal
+    import termios
+
+    from procs import Serve
+
+    controller, terminal = pty.openpty()
+
+    def take_terminal() -> None:  # after start_new_session's setsid: the pty becomes the controlling terminal
+        fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+
+    serve = Serve(db_url, plugins=str(versioned), start_new_session=True, stdin=terminal,
+                  preexec_fn=take_terminal)
+    os.close(terminal)
+    try:
+        serve.wait_ready()
+        serve.proc.send_signal(signal.SIGHUP)
+        serve.wait_for(r"shutting down: no new runs")
+        assert serve.proc.wait(30) == 0
+        serve.wait_for(r"supervisor .* stopped")
+        assert not [line for line in serve.output if "plugin reload" in line]
+    finally:
+        serve.stop()
+        os.close(controller)

@@ -1,0 +1,264 @@
+"""Per-run output: the ``run_output`` store (chunks, order, retention with the run, migration 0005 on every
+backend), the worker's capture (mjsched_isolated.worker.output) through real worker children, and what
+``runs logs`` and ``Client.run_logs`` show."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from conftest import add_job
+
+from mjsched_isolated.store import Store, migrate, schema
+from mjsched_isolated.store.output import OUTPUT_CHUNK_BYTES, split_text
+from mjsched_isolated.store.schema import run_output, runs
+
+UTC = dt.UTC
+NOW = dt.datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _run(store: Store, job_id: int, *, days_ago: float = 0.0, status: str = "Completed") -> int:
+    started = NOW - dt.timedelta(days=days_ago)
+    with store.engine.begin() as conn:
+        key = conn.execute(runs.insert().values(job_id=job_id, started_at=started, status=status,
+                                                completed_at=None if status == "Running" else started)
+                           ).inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _output_run_ids(store: Store) -> set[int]:
+    with store.engine.connect() as conn:
+        return set(conn.execute(sa.select(run_output.c.run_id)).scalars())
+
+
+# -- the store -------------------------------------------------------------------------------------------
+def test_split_text_keeps_every_character_and_each_piece_fits_a_mariadb_text():
+    text = "a" * 20_000 + "é" * 10_000 + "\U0001f600" * 5_000 + "\x00"
+    pieces = split_text(text)
+    assert "".join(pieces) == text.replace("\x00", "\ufffd")
+    assert all(0 < len(p.encode("utf-8")) <= OUTPUT_CHUNK_BYTES for p in pieces)
+    assert split_text("") == []
+
+
+def test_append_and_read_in_order_on_every_backend(any_store):
+    store = any_store
+    run_id = _run(store, add_job(store, "j", "ok", now=NOW)["id"], status="Running")
+    big = "x" * (OUTPUT_CHUNK_BYTES * 2 + 5)  # one text longer than a row holds: split over three rows
+    next_seq = store.append_run_output(run_id, 0, ["first\n", big], NOW)
+    assert next_seq == 4
+    assert store.append_run_output(run_id, next_seq, [], NOW) == next_seq  # nothing: no write
+    store.append_run_output(run_id, next_seq, ["last ü\n"], NOW)
+    chunks = store.run_output(run_id)
+    assert [seq for seq, _ in chunks] == [0, 1, 2, 3, 4]
+    assert "".join(text for _, text in chunks) == "first\n" + big + "last ü\n"
+    assert store.run_output(run_id, after_seq=3) == [(4, "last ü\n")]
+
+
+def test_output_is_deleted_with_its_run_by_retention_and_job_removal(any_store):
+    store = any_store
+    job = add_job(store, "j", "ok", now=NOW)["id"]
+    other = add_job(store, "other", "ok", now=NOW)["id"]
+    old, young, live, removed = (_run(store, job, days_ago=30), _run(store, job, days_ago=1),
+                                 _run(store, job, days_ago=60, status="Running"), _run(store, other))
+    for run_id in (old, young, live, removed):
+        store.append_run_output(run_id, 0, [f"run {run_id}\n"], NOW)
+    assert store.retention.prune_runs(NOW, keep_days=10, keep_min_per_job=0) == 1
+    assert _output_run_ids(store) == {young, live, removed}
+    store.remove_job("other")
+    assert _output_run_ids(store) == {young, live}
+
+
+def test_sqlite_without_foreign_keys_still_deletes_output_with_the_run(db_url):
+    """A connection that does not enforce foreign keys (sqlite3 opened by hand, another tool) must not
+    leave output rows behind: retention deletes them explicitly."""
+    store = Store.open(db_url)
+    try:
+        run_id = _run(store, add_job(store, "j", "ok", now=NOW)["id"], days_ago=30)
+        store.append_run_output(run_id, 0, ["x\n"], NOW)
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
+        plain = Store(sa.create_engine(db_url))  # no pragmas: foreign keys off, as sqlite3's default
+        assert plain.retention.prune_runs(NOW, keep_days=10, keep_min_per_job=0) == 1
+        plain.close()
+        assert _output_run_ids(store) == set()
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_migration_0005_upgrades_a_database_with_runs(backend_url):
+    engine = schema.connect(backend_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(migrate.config(conn), "0002")
+            conn.execute(schema.jobs.insert().values(id=1, name="j", job_type="ok", cron_expression="* * * * *",
+                                                     created_at=NOW, updated_at=NOW))
+            conn.execute(runs.insert().values(id=7, job_id=1, started_at=NOW, status="Completed", details='{"a": 1}'))
+        assert migrate.check(engine).state == "outdated"
+        migrate.upgrade(engine)
+        assert migrate.check(engine).state == "current"
+        store = Store.open(backend_url)
+        try:
+            assert store.get_run(7)["details"] == {"a": 1}
+            assert store.run_output(7) == []
+            store.append_run_output(7, 0, ["after the upgrade\n"], NOW)
+            assert store.run_output(7) == [(0, "after the upgrade\n")]
+            with pytest.raises(sa.exc.IntegrityError):  # the foreign key exists: no output of a missing run
+                store.append_run_output(8, 0, ["orphan"], NOW)
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+# -- the worker's capture, through a real worker child -----------------------------------------------------
+WRITER = '''
+import logging, os, subprocess, sys, time
+from pathlib import Path
+import msgspec
+from mjsched_isolated import BaseScheduledJob, ScheduledJobResult
+
+
+class Config(msgspec.Struct, kw_only=True):
+    big_bytes: int = 0
+    wait_for: str | None = None  # a file whose existence ends the run (bounded)
+
+
+class Writer(BaseScheduledJob[Config]):
+    job_type = "writer"
+
+    def execute(self, context):
+        print("one: print")
+        sys.stderr.write("two: stderr\\n")
+        logging.getLogger("some.library").warning("three: a logging record")
+        context.log.info("four: the plugin's logger")
+        subprocess.run([sys.executable, "-c", "import os; os.write(1, b'five: child stdout\\\\n'); "
+                        "os.write(2, b'six: child stderr\\\\n')"], check=True)
+        if context.configuration.big_bytes:
+            line = b"y" * 1023 + b"\\n"
+            for _ in range(context.configuration.big_bytes // 1024):
+                os.write(1, line)
+        print("seven: last")
+        if context.configuration.wait_for:
+            give_up = time.monotonic() + 20
+            while not Path(context.configuration.wait_for).exists() and time.monotonic() < give_up:
+                time.sleep(0.05)
+        return ScheduledJobResult(success=True)
+
+
+class Quiet(BaseScheduledJob):
+    job_type = "quiet"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
+'''
+
+IN_ORDER = ["one: print", "two: stderr", "three: a logging record", "four: the plugin's logger",
+            "five: child stdout", "six: child stderr", "seven: last"]
+
+
+@pytest.fixture
+def writer_plugins(tmp_path):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "writer.py").write_text(WRITER)
+    return str(folder)
+
+
+def _positions(text: str, needles: list[str]) -> list[int]:
+    return [text.find(n) for n in needles]
+
+
+@pytest.mark.timeout(30)
+def test_worker_sends_a_runs_prints_logging_and_child_output_in_order_and_nothing_for_a_quiet_run(writer_plugins):
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    with OneWorker(writer_plugins) as one:
+        messages = one.run("writer")
+        text = "".join(m.text for m in messages if isinstance(m, protocol.RunOutput))
+        positions = _positions(text, IN_ORDER)
+        assert all(p >= 0 for p in positions), text
+        assert positions == sorted(positions), text
+        assert "WARNING some.library: three: a logging record" in text
+        last = [i for i, m in enumerate(messages) if isinstance(m, protocol.RunOutput)][-1]
+        assert isinstance(messages[-1], protocol.RunFinished) and last < len(messages) - 1  # output first
+        quiet = one.run("quiet")
+        assert not [m for m in quiet if isinstance(m, protocol.RunOutput)]  # nothing for a silent run
+
+
+@pytest.mark.timeout(30)
+def test_a_burst_is_bounded_in_the_worker_keeping_head_and_tail_with_a_marker(writer_plugins):
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    with OneWorker(writer_plugins) as one:
+        one.pool.max_run_output_bytes = 64 * 1024  # the next worker takes it
+        one.pool.kill(one.worker)
+        one.ready = one._until(lambda m: isinstance(m, protocol.Ready))[-1]
+        messages = one.run("writer", '{"big_bytes": 4000000}')
+    pieces = [m.text for m in messages if isinstance(m, protocol.RunOutput)]
+    text = "".join(pieces)
+    assert text.startswith("one: print\n") and text.endswith("seven: last\n")
+    assert "bytes of output left out" in text and "max_run_output_bytes is 65536" in text
+    assert len(text.encode()) < 64 * 1024 + 1000
+    assert all(len(p.encode()) <= 256 * 1024 for p in pieces)
+
+
+# -- end to end: serve stores it; runs logs (live and after) and the Client show it -----------------------
+@pytest.mark.timeout(60)
+def test_serve_stores_a_runs_output_shown_live_and_afterwards_while_its_log_stays_clean(writer_plugins, db_url,
+                                                                                         tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from procs import Serve
+    from waiting import wait_until
+
+    from mjsched_isolated.client import Client
+
+    store = Store.open(db_url)
+    finish = tmp_path / "finish"
+    add_job(store, "w", "writer", "0 0 1 1 *", configuration=json.dumps({"wait_for": str(finish)}))
+    serve = Serve(db_url, plugins=writer_plugins)
+    logs_cmd = [sys.executable, "-m", "mjsched_isolated", "runs", "logs", "--db", db_url]
+    try:
+        run_id = int(serve.wait_for(r"run (\d+) started: job w").group(1))
+        with Client(db_url) as client:
+            wait_until(lambda: "seven: last" in client.run_logs(run_id), 15, "the live run's output in the database")
+            assert store.get_run(run_id)["status"] == "Running"
+            follower = subprocess.Popen([*logs_cmd, str(run_id), "--follow"], stdout=subprocess.PIPE, text=True)
+            finish.touch()
+            serve.wait_for(rf"run {run_id} finished: job w Completed")
+            followed, _ = follower.communicate(timeout=20)
+            assert follower.returncode == 0
+            stored = client.run_logs(run_id)
+    finally:
+        serve.stop()
+        store.close()
+    positions = _positions(stored, IN_ORDER)
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), stored
+    assert followed == stored
+    after = subprocess.run([*logs_cmd, str(run_id)], capture_output=True, text=True, timeout=30)
+    assert (after.returncode, after.stdout) == (0, stored)
+    missing = subprocess.run([*logs_cmd, "999"], capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: id: ")
+    assert not [line for line in serve.output if any(n in line for n in IN_ORDER)]  # the supervisor log is clean
+
+
+def test_plugin_reload_requests_grow_and_keep_one_row(any_store):
+    store = any_store
+    assert store.latest_plugin_reload() == 0
+    first = store.request_plugin_reload("host-1")
+    second = store.request_plugin_reload("host-2")
+    assert second["id"] > first["id"] and store.latest_plugin_reload() == second["id"]
+    assert second["requested_by"] == "host-2" and second["requested_at"].tzinfo is not None
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.plugin_reloads)).scalar_one() == 1

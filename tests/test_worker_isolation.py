@@ -1,0 +1,273 @@
+"""A reused worker child between runs: what one run leaves (processes, process state) never reaches the
+next, and finding that nothing was left is cheap. Real worker children through the pool, real signals;
+plugins written to a temporary folder; every wait bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+from worker_helpers import OneWorker
+
+from mjsched_isolated import protocol
+
+PLUGINS = '''
+import io, json, os, signal, subprocess, sys, threading, time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Ok(BaseScheduledJob):
+    job_type = "ok"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
+
+
+class Escape(BaseScheduledJob):
+    """A background process in a session of its own whose parent exits at once: re-parented, outside the
+    worker's session and process group (what `setsid sleep 1000 &` in a shell job does)."""
+    job_type = "escape"
+
+    def execute(self, context):
+        out = subprocess.run(["setsid", "sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True, timeout=10)
+        return ScheduledJobResult(success=True, details={"pid": int(out.stdout)})
+
+
+class Pollute(BaseScheduledJob):
+    job_type = "pollute"
+
+    def execute(self, context):
+        signal.alarm(100)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 100)
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        sys.stdout.close()
+        sys.stderr = io.StringIO()
+        sys.stdin.close()
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
+
+
+class Report(BaseScheduledJob):
+    job_type = "report"
+
+    def execute(self, context):
+        print("printing works", flush=True)
+        print("to stderr too", file=sys.stderr, flush=True)
+        handler = lambda s: getattr(signal.getsignal(s), "name", None) or signal.getsignal(s).__name__
+        return ScheduledJobResult(success=True, details={
+            "pid": os.getpid(), "alarm": signal.getitimer(signal.ITIMER_REAL)[0],
+            "virtual": signal.getitimer(signal.ITIMER_VIRTUAL)[0], "usr1": handler(signal.SIGUSR1),
+            "term": handler(signal.SIGTERM), "alrm": handler(signal.SIGALRM),
+            "stderr": type(sys.stderr).__name__, "stdin_closed": sys.stdin.closed})
+
+
+class BadDetails(BaseScheduledJob):
+    job_type = "bad_details"
+
+    def execute(self, context):
+        kind = context.configuration
+        if kind == "cyclic":
+            details = {}
+            details["self"] = details
+        elif kind == "deep":
+            details = cur = {}
+            for _ in range(5000):
+                cur["a"] = {}
+                cur = cur["a"]
+        elif kind == "deep_list":
+            details = {"a": []}
+            cur = details["a"]
+            for _ in range(200):
+                cur.append([])
+                cur = cur[0]
+        else:
+            details = {"list": [1, 2], "str": "text"}[kind]
+        return ScheduledJobResult(success=True, details=details)
+
+
+class LeaveThread(BaseScheduledJob):
+    """Leaves a thread behind that would end the worker process once released (as one that calls
+    os._exit at some later time would)."""
+    job_type = "leave_thread"
+    release = threading.Event()
+
+    def execute(self, context):
+        def later():
+            LeaveThread.release.wait()
+            os._exit(9)
+        threading.Thread(target=later, name="plugin-leftover").start()
+        return ScheduledJobResult(success=True, details={"pid": os.getpid()})
+'''
+
+
+def _finished(messages: list) -> protocol.RunFinished:
+    return messages[-1]
+
+
+@pytest.fixture
+def plugins(tmp_path: Path) -> Path:
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "isolation.py").write_text(PLUGINS)
+    return folder
+
+
+def test_a_process_that_started_its_own_session_is_killed_and_reaped_after_the_run(plugins):
+    with OneWorker(str(plugins)) as one:
+        escaped = _finished(one.run("escape")).details["pid"]
+        try:
+            assert _finished(one.run("ok")).success  # the cleanup of the first run is done before this one
+            assert not psutil.pid_exists(escaped)  # killed, and reaped by the worker (no zombie either)
+        finally:
+            if psutil.pid_exists(escaped):
+                os.kill(escaped, 9)
+
+
+def test_a_run_that_left_nothing_does_not_scan_the_process_table():
+    """With the worker a child subreaper, 'nothing left' is read from /proc/self alone; a left process is
+    still found (through the full scan)."""
+    script = textwrap.dedent('''
+        import os, subprocess, sys
+        from mjsched_isolated import proctree
+        from mjsched_isolated.worker import hygiene
+        assert proctree.become_subreaper()
+        os.setsid()
+        calls = []
+        full_scan = proctree.session_and_descendants
+        proctree.session_and_descendants = lambda leader: calls.append(leader) or full_scan(leader)
+        watchdog = subprocess.Popen(["sleep", "100"])
+        assert hygiene.kill_leftovers(watchdog.pid, 1, "j", subreaper=True) == [] and calls == []
+        left = subprocess.Popen(["sleep", "100"])
+        assert hygiene.kill_leftovers(watchdog.pid, 2, "j", subreaper=True) == [left.pid] and calls
+        watchdog.kill(); watchdog.wait()
+        print("ok")
+    ''')
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_process_state_a_run_changed_is_restored_before_the_next_run(plugins):
+    """Alarms, interval timers, signal handlers and sys.std* a run changed (or closed) do not reach the
+    next run in the same worker (a pending alarm(2) used to kill the next runs with SIGALRM)."""
+    with OneWorker(str(plugins)) as one:
+        polluter = _finished(one.run("pollute"))
+        report = _finished(one.run("report"))
+    assert report.success, report
+    facts = report.details
+    assert facts["pid"] == polluter.details["pid"]  # the same worker, reused
+    assert facts["alarm"] == 0 and facts["virtual"] == 0
+    assert facts["usr1"] == "SIG_DFL" and facts["term"] == "_ignore_signal"
+    assert facts["alrm"] == "SIG_DFL"
+    assert facts["stderr"] != "StringIO" and facts["stdin_closed"] is False
+
+
+def test_a_worker_whose_run_left_a_thread_is_replaced_and_the_next_run_is_not_blamed(plugins):
+    with OneWorker(str(plugins)) as one:
+        old = one.worker
+        first = _finished(one.run("leave_thread"))
+        assert first.success and first.retiring and "plugin-leftover" in first.retiring
+        # the pool does not give the old child another run (OneWorker fails the test on a death event)
+        after = _finished(one.run("ok"))
+        assert after.success and after.details["pid"] != first.details["pid"]
+        old.process.join(10)
+        assert old.process.exitcode == 0  # it exited by itself, cleanly, its thread never released
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("list", "details must be a JSON object (a dict), got list"),
+    ("str", "details must be a JSON object (a dict), got str"),
+    ("cyclic", "without reference cycles"),
+    ("deep", "nested at most 64 levels"),
+    ("deep_list", "nested at most 64 levels"),
+])
+def test_bad_details_are_a_failed_run_not_a_dead_worker(plugins, kind, why):
+    with OneWorker(str(plugins)) as one:
+        pid = one.worker.pid
+        finished = _finished(one.run("bad_details", json.dumps(kind)))
+        assert not finished.success and finished.details is None
+        assert finished.error_message.startswith("plugin returned bad details: ") and why in finished.error_message
+        after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
+        assert after.success and after.details["pid"] == pid
+
+
+def test_signals_a_run_blocked_are_unblocked_for_the_next_run(plugins):
+    (plugins / "blocker.py").write_text(
+        "import os, signal\nfrom mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult\n\n\n"
+        "class Block(BaseScheduledJob):\n    job_type = 'block'\n\n    def execute(self, context):\n"
+        "        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])\n"
+        "        return ScheduledJobResult(success=True)\n\n\n"
+        "class Mask(BaseScheduledJob):\n    job_type = 'mask'\n\n    def execute(self, context):\n"
+        "        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "        return ScheduledJobResult(success=True, details={'blocked': sorted(s.name for s in blocked)})\n")
+    with OneWorker(str(plugins)) as one:
+        one.run("block")
+        assert "SIGUSR2" not in _finished(one.run("mask")).details["blocked"]
+
+
+LIMITS_PLUGIN = '''
+import os
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Hog(BaseScheduledJob):
+    job_type = "hog"
+
+    def execute(self, context):
+        what = context.configuration["what"]
+        if what == "memory":
+            block = bytearray(context.configuration["mb"] * 1024 * 1024)
+            return ScheduledJobResult(success=True, details={"allocated_mb": len(block) // 2**20})
+        if what == "cpu":
+            while True:
+                pass
+        if what == "files":
+            return ScheduledJobResult(success=True, details={"n": len([open(os.devnull) for _ in range(200)])})
+        return ScheduledJobResult(success=True, details={"nice": os.getpriority(os.PRIO_PROCESS, 0)})
+'''
+
+
+def _run_limited(one: OneWorker, config: dict, limits: protocol.RunLimits | None) -> protocol.RunFinished:
+    one._next_run_id += 1
+    request = protocol.RunRequest(run_id=one._next_run_id, job_id=1, job_name="limited", job_type="hog",
+                                  configuration=json.dumps(config), limits=limits)
+    one.pool.submit(one.worker, request)
+    return one._until(lambda m: isinstance(m, protocol.RunFinished) and m.run_id == request.run_id)[-1]
+
+
+def test_a_run_over_its_memory_limit_fails_naming_it_and_the_next_run_is_unaffected(plugins):
+    (plugins / "hog.py").write_text(LIMITS_PLUGIN)
+    with OneWorker(str(plugins)) as one:
+        pid = one.worker.pid
+        over = _run_limited(one, {"what": "memory", "mb": 1024}, protocol.RunLimits(max_memory_mb=200))
+        assert not over.success and over.error_message == "memory limit 200 MB exceeded", over
+        within = _run_limited(one, {"what": "memory", "mb": 50}, protocol.RunLimits(max_memory_mb=200))
+        assert within.success, within
+        after = _run_limited(one, {"what": "memory", "mb": 300}, None)  # the same worker, no limit any more
+        assert after.success and after.details["allocated_mb"] == 300
+        assert one.worker.pid == pid
+
+
+def test_cpu_open_files_and_nice_limits_apply_to_one_run_only(plugins):
+    (plugins / "hog.py").write_text(LIMITS_PLUGIN)
+    with OneWorker(str(plugins)) as one:
+        cpu = _run_limited(one, {"what": "cpu"}, protocol.RunLimits(max_cpu_s=1))
+        assert not cpu.success and cpu.error_message == "CPU time limit 1 s exceeded", cpu
+        files = _run_limited(one, {"what": "files"}, protocol.RunLimits(max_open_files=50))
+        assert not files.success and files.error_message.startswith("open files limit 50 exceeded"), files
+        assert _run_limited(one, {"what": "files"}, None).details["n"] == 200
+        usual = _run_limited(one, {"what": "nice"}, None).details["nice"]
+        niced = _run_limited(one, {"what": "nice"}, protocol.RunLimits(nice=19))
+        assert niced.details["nice"] == 19 != usual
+        if os.geteuid() == 0:  # root may lower it back: the worker is kept
+            assert niced.retiring is None
+            assert _run_limited(one, {"what": "nice"}, None).details["nice"] == usual
+        else:  # it cannot: the worker is replaced, and the next run has the usual priority
+            assert niced.retiring and "nice" in niced.retiring
