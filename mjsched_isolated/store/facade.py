@@ -140,6 +140,14 @@ class Store:
         """Active jobs without a next_run_at (:meth:`Jobs.unscheduled_active_jobs`)."""
         return self.jobs.unscheduled_active_jobs()
 
+    def active_schedules(self) -> list[tuple[str, str, int]]:
+        """(cron, zone, count) per schedule of the Active jobs (:meth:`Jobs.active_schedules`)."""
+        return self.jobs.active_schedules()
+
+    def active_job_names(self, cron_expression: str, timezone: str, limit: int) -> list[str]:
+        """The first names of the Active jobs with a schedule (:meth:`Jobs.active_job_names`)."""
+        return self.jobs.active_job_names(cron_expression, timezone, limit)
+
     def active_jobs(self) -> list[JobRow]:
         """Every Active job (:meth:`Jobs.active_jobs`)."""
         return self.jobs.active_jobs()
