@@ -227,6 +227,17 @@ def test_plugin_output_is_escaped_everywhere(make_client, store):
     assert client.get("/api/runs/1").json()["run"]["error_message"] == PAYLOAD  # JSON keeps the text as is
 
 
+def test_the_run_page_shows_the_runs_output_escaped(make_client, store):
+    job = add_job(store, "talker", "ok")
+    record_run(store, job["id"], status="Completed")
+    run_id = store.list_runs(job_name="talker")[0]["id"]
+    store.append_run_output(run_id, 0, ["first line\n", f"{PAYLOAD}\n"], dt.datetime.now(UTC))
+    client = make_client()
+    body = client.get(f"/runs/{run_id}").text
+    assert "first line" in body and "<script>document" not in body and "&lt;script&gt;document.title=" in body
+    assert client.get(f"/api/runs/{run_id}").json()["output"] == f"first line\n{PAYLOAD}\n"
+
+
 # -- edits, validated like the CLI ---------------------------------------------------------------------------
 def test_edit_is_validated_like_the_cli_and_nothing_is_written_on_error(make_client, store):
     add_job(store, "alpha", "nap", "*/5 * * * *")

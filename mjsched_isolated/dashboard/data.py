@@ -22,6 +22,7 @@ from mjsched_isolated.status import (
 )
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.dashboard_views import MAX_PAGE, DashboardViews
+from mjsched_isolated.store.output import RunOutput
 
 RUN_STATUSES = values(RunStatus)
 JOB_STATUSES = values(JobStatus)
@@ -218,14 +219,17 @@ def _run_summary(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_page(views: DashboardViews, run_id: str) -> dict[str, Any]:
-    """One run: every column (``details`` decoded), its job's name. Raises :class:`NotFoundError` (``id``)."""
+    """One run: every column (``details`` decoded), its job's name, and ``output``: what it wrote so far
+    (``runs logs``; "" when nothing). Raises :class:`NotFoundError` (``id``)."""
     try:
         number = int(run_id)
     except ValueError:
         raise InputError("id", f"must be an integer, got {run_id!r}") from None
     if not 0 < number < 2**63:
         raise InputError("id", f"no run with id {number}")
-    return {"run": _run_summary(views.get_run(number))}
+    run = _run_summary(views.get_run(number))
+    output = "".join(text for _, text in RunOutput(views.engine).read(number))
+    return {"run": run, "output": output}
 
 
 def audit_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any]:
