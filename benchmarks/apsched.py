@@ -76,6 +76,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
     missed = [0]
 
     finished: dict[tuple[str, float], tuple[float | None, float, bool]] = {}
+    first_done = threading.Event()
 
     def on_event(event) -> None:  # called from APScheduler's threads; an execution may be reported first
         now = time.time()
@@ -88,6 +89,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
             else:
                 ok = event.code == EVENT_JOB_EXECUTED
                 finished[(event.job_id, event.scheduled_run_time.timestamp())] = (event.retval if ok else None, now, ok)
+                first_done.set()
 
     import sqlalchemy as sa
     engine = sa.create_engine(url)
@@ -107,6 +109,7 @@ def child_main(workload_path: str, cap: int, duration_s: float, url: str, out: s
                           name=s["name"], kwargs=s["configuration"], replace_existing=True)
     started = time.time()
     scheduler.start()
+    first_done.wait(120)  # like the engine's serve: duration_s from (about) the first run, not from the start
     time.sleep(duration_s)
     stopped = time.time()
     with lock:  # submitted and never finished: still in flight (hung)
@@ -146,8 +149,10 @@ def run_aps(w_path: str, *, cap: int, duration_s: float, backend: str = "sqlite"
             raise RuntimeError("APScheduler child failed:\n" + (tmp / "aps.log").read_text()[-3000:])
         data = json.loads(out.read_text())
         runs = data["runs"]
-        first = min((r["started_at"] for r in runs if r["started_at"]), default=data["started"])
-        t0, t1 = first + warmup_s, data["stopped"] - 1.0
+        # the first run that really began (a hung run never reports: its submission time is no start at all)
+        first = min((r["exec_at"] for r in runs if r["exec_at"]),
+                    default=min((r["started_at"] for r in runs if r["started_at"]), default=data["started"]))
+        t0, t1 = first + warmup_s, min(first + duration_s - 1.0, data["stopped"] - 1.0)
         result = metrics.summarize(runs, specs, t0, t1, cap, data["stopped"])
         sup_cpu = sum(sampler.cpu_s.values())
         result.update({

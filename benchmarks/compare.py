@@ -382,7 +382,7 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
             raise RuntimeError("the window ends after APScheduler stopped")
         shutil.rmtree(tmp, ignore_errors=True)
         return {"engine": "apscheduler", "backend": backend, "cap": cap, "supervisors": 1, **row, "left": len(left),
-                "left_procs": left, "loadavg_1m": os.getloadavg()[0]}
+                "left_procs": left, "pgid": proc.pid, "loadavg_1m": os.getloadavg()[0]}
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()

@@ -75,15 +75,20 @@ def fill(url: str, n_jobs: int, n_runs: int, now: dt.datetime) -> None:
             # no ANALYZE: mjsched never runs it, so a real SQLite database has no planner statistics
         elif engine.dialect.name == "postgresql":
             ts = f"(to_timestamp({t0} + floor(i * {step})) AT TIME ZONE 'UTC')"
-            conn.exec_driver_sql(
+            conn.exec_driver_sql((  # psycopg reads % as a placeholder: doubled
                 "INSERT INTO runs (job_id, scheduled_at, started_at, completed_at, status, success, error_message, "
                 "details, executed_by_instance, duration_ms, deadline_at) "
                 f"SELECT (i % {n_jobs}) + 1, {ts}, {ts}, {ts}, {status}, ({status}) = 'Completed', {error}, "
                 "'{\"rows\": 12}', 'sup-' || (i % 3), 50 + i % 400, "
-                f"{ts} FROM generate_series(1, {n_runs}) AS i")
-            conn.exec_driver_sql("ANALYZE")
+                f"{ts} FROM generate_series(1, {n_runs}) AS i").replace("%", "%%"))
         else:
             raise SystemExit(f"--db: {engine.dialect.name} is not supported by this script (sqlite, postgresql)")
+    if engine.dialect.name == "postgresql":
+        # what autovacuum does to a table that grew over a month: statistics, and the visibility map that
+        # lets index-only scans (the charts' range counts) skip the table
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE runs")
+            conn.exec_driver_sql("VACUUM ANALYZE jobs")
     store.close()
 
 

@@ -66,6 +66,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
     max_runtime_minutes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
     notify_on_success: bool = False
     notify_on_failure: bool = True
     notify_on_missed: bool = False
@@ -151,7 +156,8 @@ class Client:
                 configuration: dict[str, Any] | None = None, **fields: Any) -> Job:
         """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
         fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
-        ``max_runtime_minutes``, ``start_at``/``end_at`` (datetimes; naive ones are read in
+        ``max_runtime_minutes``, the resource limits ``max_memory_mb``, ``max_cpu_s``, ``max_open_files``,
+        ``max_processes``, ``nice``, ``start_at``/``end_at`` (datetimes; naive ones are read in
         ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
         knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming

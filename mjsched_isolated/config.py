@@ -96,6 +96,28 @@ class Recycling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise InputError("recycling.max_memory_per_child_mb", f"must be between 1 and 1048576 MiB, got {mb}")
 
 
+# a run's resource limits (worker/limits.py): memory MB, CPU seconds, open files, processes, nice level
+LIMIT_RANGES = {"max_memory_mb": (1, 1 << 30), "max_cpu_s": (1, 10 * 365 * 86400), "max_open_files": (16, 1 << 20),
+                "max_processes": (1, 1 << 22), "nice": (-20, 19)}
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[limits]``: resource limits of every run whose job sets none of its own (a job's column wins,
+    field by field). ``None`` (the default): no limit. See docs/operating/isolation.md."""
+
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
+
+    def __post_init__(self) -> None:
+        for field, (low, high) in LIMIT_RANGES.items():
+            value = getattr(self, field)
+            if value is not None and not low <= value <= high:
+                raise InputError(f"limits.{field}", f"must be between {low} and {high}, got {value}")
+
+
 class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[metrics]``: Prometheus ``/metrics`` and ``/healthz`` on ``host:port``; off while ``port`` is
     unset. Binds to 127.0.0.1 unless told otherwise. ``stall_after_s``: ``/healthz`` fails when the poll
@@ -294,6 +316,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         "0: exits at once")] = None
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
+    limits: Limits = msgspec.field(default_factory=Limits)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     notifications: Notifications = msgspec.field(default_factory=Notifications)
     dashboard: Dashboard = msgspec.field(default_factory=Dashboard)
@@ -357,8 +380,9 @@ def redact_url(url: str) -> str:
 
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
-SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "metrics": Metrics,
-                                             "notifications": Notifications, "dashboard": Dashboard}
+SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "limits": Limits,
+                                             "metrics": Metrics, "notifications": Notifications,
+                                             "dashboard": Dashboard}
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 
 

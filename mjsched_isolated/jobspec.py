@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from mjsched_isolated import cron, planner
-from mjsched_isolated.config import is_email_address
+from mjsched_isolated.config import LIMIT_RANGES, is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
 from mjsched_isolated.errors import InputError, msgspec_field_error
 from mjsched_isolated.protocol import MAX_TEXT_BYTES
@@ -55,6 +55,11 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
     max_runtime_minutes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpu_s: int | None = None
+    max_open_files: int | None = None
+    max_processes: int | None = None
+    nice: int | None = None
     notify_on_success: bool = False
     notify_on_failure: bool = True
     notify_on_missed: bool = False
@@ -126,6 +131,10 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     if spec.max_runtime_minutes is not None and not 0 < spec.max_runtime_minutes <= MAX_RUNTIME_MINUTES:
         fail("max_runtime_minutes", f"must be between 1 and {MAX_RUNTIME_MINUTES} minutes (ten years), "
                                     f"got {spec.max_runtime_minutes}")
+    for field, (low, high) in LIMIT_RANGES.items():
+        value = getattr(spec, field)
+        if value is not None and not low <= value <= high:
+            fail(field, f"must be between {low} and {high}, got {value}")
     for i, address in enumerate(spec.notify_recipients or []):
         if not is_email_address(address):
             fail(f"notify_recipients[{i}]", f"not an email address: {address!r}")

@@ -50,13 +50,15 @@ class Decision(msgspec.Struct, frozen=True):
     """What to do with a due occurrence: ``run`` it or not, and the job's next ``next_run_at``.
     ``skipped_older``: RunAll's backlog was longer than the bound, so older occurrences were dropped;
     ``scheduled_at``: then the occurrence to run now instead of ``job["next_run_at"]`` (the oldest kept),
-    None when the due occurrence itself runs (or nothing does)."""
+    None when the due occurrence itself runs (or nothing does). ``deferred``: a RunOnce catch-up moved to
+    ``next_run_at`` by the job's ``max_jitter_s`` (not run now, not skipped either)."""
 
     run: bool
     next_run_at: dt.datetime | None
     missed: bool = False
     skipped_older: bool = False
     scheduled_at: dt.datetime | None = None
+    deferred: bool = False
 
 
 def decide_missed_run(policy: str, scheduled_for: dt.datetime, next_after_scheduled: dt.datetime,
@@ -87,7 +89,10 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     short however sparse the schedule, e.g. a leap-day job left at year 4). A cut runs the oldest kept
     occurrence in the same decision (``scheduled_at``): were it left for the next poll, a poll slower
     than the schedule's interval would find the bound moved past it and cut again, for ever, with no
-    run. Raises :class:`CronError` for a bad cron or zone.
+    run. A RunOnce catch-up of a job with ``max_jitter_s`` is first deferred (``deferred``) to ``now`` plus a
+    delay in ``[0, max_jitter_s)`` stable per (job, occurrence), so jobs that all missed their runs during an
+    outage do not all start at once when it ends; the deferred instant is not one of the job's occurrences,
+    which is how the next decision knows not to defer it again. Raises :class:`CronError` for a bad cron or zone.
     """
     cron, zone = job["cron_expression"], job["timezone"]
     scheduled = job["next_run_at"]
@@ -104,6 +109,10 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
     if action == "SkipAndAdvance":
         return Decision(run=False, next_run_at=_within_end(job, occurrence_after(job, now)), missed=True)
     if advance == "Now":
+        if missed and policy == "RunOnce" and (job.get("max_jitter_s") or 0) > 0 and _is_occurrence(job, scheduled):
+            later = now + dt.timedelta(seconds=_spread_s(job, f"catch-up|{scheduled.isoformat()}"))
+            if job.get("end_at") is None or later <= job["end_at"]:
+                return Decision(run=False, next_run_at=later, missed=True, deferred=True)
         return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
     horizon = now - RUNALL_LOOKBACK
     if scheduled < horizon:  # older than any catch-up: start from the first occurrence within the horizon
@@ -216,11 +225,24 @@ def jitter_s(job: Row, occurrence: dt.datetime) -> float:
     on every supervisor (a hash, not a random draw), so an occurrence keeps one identity. Spreads jobs that
     share a schedule (many on ``0 * * * *``) over a window; like systemd's ``RandomizedDelaySec`` with
     ``FixedRandomDelay``. Keep it below the job's interval."""
+    return _spread_s(job, occurrence.isoformat())
+
+
+def _spread_s(job: Row, key: str) -> float:
+    """``[0, max_jitter_s)``, from a hash of the job's name and ``key``: the same on every supervisor."""
     window = job.get("max_jitter_s") or 0.0
     if window <= 0:
         return 0.0
-    digest = hashlib.sha256(f"{job.get('name')}|{occurrence.isoformat()}".encode()).digest()
+    digest = hashlib.sha256(f"{job.get('name')}|{key}".encode()).digest()
     return window * int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _is_occurrence(job: Row, when: dt.datetime) -> bool:
+    """True when ``when`` is one of the job's occurrences delayed by its jitter (as :func:`_within_end`
+    makes them); False for an instant set otherwise (a deferred catch-up, a "run now")."""
+    window = dt.timedelta(seconds=job.get("max_jitter_s") or 0.0)
+    base = occurrence_after(job, when - window - _TICK)
+    return base <= when and base + dt.timedelta(seconds=jitter_s(job, base)) == when
 
 
 def _within_end(job: Row, when: dt.datetime) -> dt.datetime | None:

@@ -204,3 +204,16 @@ def reap(pids: set[int]) -> set[int]:
         if done == 0:
             running.add(pid)
     return running
+
+
+def containment() -> str:
+    """One line on how this machine's workers contain what runs leave behind (for ``check`` and the
+    start of ``serve``). cgroups are not used: leftover cleanup relies on the worker being a child
+    subreaper (Linux), limits on rlimits (per process)."""
+    if sys.platform.startswith("linux") and os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        how = ("workers are child subreapers: a process a run leaves behind is killed when the run ends, also "
+               "if it started its own session")
+    else:
+        how = ("no child subreaper on this platform: a process a run leaves behind is killed when the run ends "
+               "unless it started its own session and was re-parented to init")
+    return f"{how}; cgroups are not used (limits are per-process rlimits; see docs/operating/isolation.md)"

@@ -19,7 +19,8 @@ HIDE_SUPERVISORS_AFTER_S = 3600.0  # supervisors stopped or expired longer ago t
 LIMIT = 10
 
 SUPERVISOR_COLUMNS = ["instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at", "alive"]
-IN_FLIGHT_COLUMNS = ["id", "job_name", "job_type", "supervisor", "started_at", "deadline_at", "running_for_s"]
+IN_FLIGHT_COLUMNS = ["id", "job_name", "job_type", "supervisor", "started_at", "deadline_at", "running_for_s",
+                     "cancel_requested_by"]
 NEXT_DUE_COLUMNS = ["name", "next_run_at", "cron_expression", "timezone"]
 FAILURE_COLUMNS = ["id", "job_name", "status", "completed_at", "error_message"]
 
@@ -37,7 +38,8 @@ def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, lim
     in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
                   "supervisor": r["executed_by_instance"], "started_at": r["started_at"],
                   "deadline_at": r["deadline_at"],
-                  "running_for_s": round(max(0.0, (now - r["started_at"]).total_seconds()), 3)}
+                  "running_for_s": round(max(0.0, (now - r["started_at"]).total_seconds()), 3),
+                  "cancel_requested_by": r["cancel_requested_by"]}
                  for r in store.inflight_runs()]
     failures = [{**r, "error_message": _first_line(r["error_message"])} for r in store.recent_failures(limit)]
     next_due = store.next_due_jobs(limit)

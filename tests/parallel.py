@@ -1,11 +1,12 @@
-"""The suite in parallel (pytest-xdist, pyproject's addopts ``--numprocesses=auto --dist=loadgroup``): the
+"""The suite in parallel (pytest-xdist, pyproject's addopts ``--numprocesses=logical --dist=loadgroup``): the
 ``serial`` group and the ``alone`` marker. A pytest plugin: conftest.py imports its hooks, and
 tests/test_parallel.py loads it (``-p parallel``) into a pytest of its own.
 
 ``serial`` (``pytest.mark.xdist_group("serial")``): the tests whose point is real time under real processes
 (lease TTLs of a few seconds, fencing deadlines) or that load the machine (three supervisors with four
-workers each, a mypy run). They form one xdist group: one worker runs them one after another (loadgroup
-hands the largest group out first), beside the short tests of the other workers, never beside each other.
+workers each, a mypy run, the dashboard's browser). They form one xdist group: one worker runs them one
+after another (loadgroup hands the largest group out first), beside the short tests of the other workers,
+never beside each other.
 
 ``alone`` (a marker): the test runs while no other test of the session runs (it stops the shared PostgreSQL
 server). Every test holds a shared lock on a file of the session for its setup, call and teardown, and an

@@ -227,17 +227,6 @@ def test_plugin_output_is_escaped_everywhere(make_client, store):
     assert client.get("/api/runs/1").json()["run"]["error_message"] == PAYLOAD  # JSON keeps the text as is
 
 
-def test_the_run_page_shows_the_runs_output_escaped(make_client, store):
-    job = add_job(store, "talker", "ok")
-    record_run(store, job["id"], status="Completed")
-    run_id = store.list_runs(job_name="talker")[0]["id"]
-    store.append_run_output(run_id, 0, ["first line\n", f"{PAYLOAD}\n"], dt.datetime.now(UTC))
-    client = make_client()
-    body = client.get(f"/runs/{run_id}").text
-    assert "first line" in body and "<script>document" not in body and "&lt;script&gt;document.title=" in body
-    assert client.get(f"/api/runs/{run_id}").json()["output"] == f"first line\n{PAYLOAD}\n"
-
-
 # -- edits, validated like the CLI ---------------------------------------------------------------------------
 def test_edit_is_validated_like_the_cli_and_nothing_is_written_on_error(make_client, store):
     add_job(store, "alpha", "nap", "*/5 * * * *")
@@ -278,6 +267,27 @@ def test_run_now_answers_at_once_and_the_run_is_recorded(make_client, store):
         "Completed", None, True)
     assert [(r["action"], r["outcome"]) for r in audit_rows(store)] == [("run", "ok"), ("run finished", "ok")]
     assert json.loads(audit_rows(store)[1]["details"])["run_id"] == run["id"]
+
+
+def test_cancel_asks_the_holder_of_a_live_run_and_records_who(make_client, store):
+    job = add_job(store, "alpha", "nap")
+    record_run(store, job["id"], status="Completed")
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], started_at=dt.datetime.now(UTC), status="Running",
+                                          executed_by_instance="sup-a"))
+    client = make_client()
+    assert client.post("/api/runs/2/cancel").status_code == 403  # no CSRF token
+    token = {"X-CSRF-Token": csrf_of(client, "/runs/2")}
+    assert 'action="/api/runs/2/cancel"' in client.get("/runs/2").text
+    asked = client.post("/api/runs/2/cancel", headers=token)
+    assert asked.status_code == 202 and asked.json()["run"]["cancel_requested_by"] == "local"
+    page = client.get("/runs/2").text
+    assert "by local" in page and 'action="/api/runs/2/cancel"' not in page
+    ended = client.post("/api/runs/1/cancel", headers=token)
+    assert ended.status_code == 400 and ended.json()["error"].startswith("id: run 1 is not running: it ended Completed")
+    assert client.post("/api/runs/99/cancel", headers=token).status_code == 404
+    assert [(r["action"], r["target"], r["outcome"]) for r in audit_rows(store)] == [
+        ("cancel", "2", "refused"), ("cancel", "2", "ok"), ("cancel", "1", "error"), ("cancel", "99", "error")]
 
 
 # -- the command ----------------------------------------------------------------------------------------------
@@ -339,3 +349,64 @@ def test_api_fuzzed_against_its_schema_never_answers_500(make_client, store):
         check()
     assert failures == []
     assert len(calls) >= 40 and 200 in calls  # it did reach the handlers
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "/\\evil.example", "https://evil.example/", "jobs"])
+def test_login_and_forms_never_redirect_off_site(make_client, store, target):
+    add_job(store, "alpha", "nap")
+    client = make_client(operator_password=OPERATOR_PW)
+    token = csrf_of(client, "/login")
+    done = client.post("/login", data={"password": OPERATOR_PW, "csrf_token": token, "next": target})
+    assert done.status_code == 303 and done.headers["location"] == "/"
+    form = client.post("/api/jobs/alpha/pause", data={"csrf_token": csrf_of(client), "next": target})
+    assert form.status_code == 303 and form.headers["location"].startswith("/jobs/alpha?")
+
+
+def test_a_runs_captured_output_is_shown_escaped_and_updates_the_fingerprint(make_client, store):
+    from mjsched_isolated.store.output import RunOutput
+
+    job = add_job(store, "alpha", "nap")
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], started_at=dt.datetime.now(UTC), status="Running"))
+    client = make_client()
+    views = client.app.state.dashboard.views
+    before = views.fingerprint()
+    RunOutput(store.engine).append(1, 0, ["line one\n", PAYLOAD + "\n"], dt.datetime.now(UTC))
+    assert views.fingerprint() != before  # an open run page refreshes as the run prints
+    page = client.get("/runs/1").text
+    assert "line one" in page and "&lt;script&gt;document.title=" in page and PAYLOAD not in page
+    assert client.get("/api/runs/1").json()["output"] == "line one\n" + PAYLOAD + "\n"
+    RunOutput(store.engine).append(1, 2, [f"chunk {i}\n" for i in range(70)], dt.datetime.now(UTC))
+    text, earlier = views.output_tail(1)
+    assert earlier == 8 and text.startswith("chunk 6\n") and text.endswith("chunk 69\n")
+    assert "8 earlier chunk(s) are left out" in client.get("/runs/1").text
+
+
+def test_upcoming_occurrences_follow_the_jobs_own_dst_policy(store):
+    from mjsched_isolated.dashboard.data import upcoming
+
+    after = dt.datetime(2024, 3, 30, 12, 0, tzinfo=UTC)
+    shift = add_job(store, "shift", "nap", "30 2 * * *", timezone="Europe/Berlin", next_run_at=after)
+    skip = add_job(store, "skip", "nap", "30 2 * * *", timezone="Europe/Berlin", next_run_at=after,
+                   dst_gap_policy="Skip")
+    first = upcoming(shift, after, 1)[0]
+    assert (first["utc"], first["note"]) == (dt.datetime(2024, 3, 31, 1, 0, tzinfo=UTC),
+                                             "moved: 2024-03-31 02:30 does not exist (DST gap)")
+    assert upcoming(skip, after, 1)[0]["utc"] == dt.datetime(2024, 4, 1, 0, 30, tzinfo=UTC)
+
+
+def test_failed_logins_from_one_address_are_throttled(make_client, store):
+    from mjsched_isolated.dashboard.auth import LOGIN_FAILURES, LOGIN_WINDOW_S, LoginThrottle
+
+    client = make_client(operator_password=OPERATOR_PW)
+    token = csrf_of(client, "/login")
+    for _ in range(LOGIN_FAILURES):
+        assert "wrong password" in client.post("/login", data={"password": "guess-guess", "csrf_token": token}).text
+    locked = client.post("/login", data={"password": OPERATOR_PW, "csrf_token": token})
+    assert locked.status_code == 429  # even the right password, until the window passes
+    assert [json.loads(r["details"] or "{}").get("reason") for r in audit_rows(store)][-1] == "throttled"
+    throttle = LoginThrottle()  # the window, with time passed in
+    for t in range(LOGIN_FAILURES):
+        throttle.failed("10.0.0.1", float(t))
+    assert throttle.locked("10.0.0.1", 10.0) and not throttle.locked("10.0.0.2", 10.0)
+    assert not throttle.locked("10.0.0.1", LOGIN_WINDOW_S + 0.5)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_SERVERS, add_job, isolated_database
+from conftest import REQUIRE_SERVERS, add_job, isolated_database, serial
 from procs import serves
 from waiting import LogLines
 
@@ -36,7 +36,8 @@ WAIT_S = 30.0
 LATER = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)  # jobs that only run when asked
 SHOTS = os.environ.get("MJSCHED_DASHBOARD_SCREENSHOTS")
 
-pytestmark = pytest.mark.timeout(120)
+# one worker runs the module (one browser, each stack started once), never beside a timing test (conftest)
+pytestmark = [pytest.mark.timeout(120), serial]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,8 @@ class Dashboard:
 
     def __init__(self, db_url: str) -> None:
         env = {**os.environ, "MJSCHED_DASHBOARD_OPERATOR_PASSWORD": OPERATOR_PW,
-               "MJSCHED_DASHBOARD_VIEWER_PASSWORD": VIEWER_PW}
+               "MJSCHED_DASHBOARD_VIEWER_PASSWORD": VIEWER_PW,
+               "MJSCHED_LEASE_RENEW_INTERVAL_S": "0.5"}  # its run-now supervisor sees a cancel within 0.5 s
         self.proc = subprocess.Popen([sys.executable, "-m", "mjsched_isolated", "dashboard", "--db", db_url,
                                       "--plugins", PLUGINS, "--port", "0"], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env)
@@ -94,6 +96,7 @@ def stack(request, tmp_path_factory, browser):
             add_job(store, "ticker", "nap", "*/2 * * * * *", configuration='{"seconds": 0.2}')
             add_job(store, "manual", "nap", "0 0 1 1 *", configuration='{"seconds": 0.3}', next_run_at=LATER)
             add_job(store, "hostile", "hostile", "0 0 1 1 *", next_run_at=LATER)
+            add_job(store, "sleeper", "nap", "0 0 1 1 *", configuration='{"seconds": 60}', next_run_at=LATER)
         with serves() as start:
             serve = start(url, "--rescan-interval-s", "0.2", plugins=PLUGINS)
             serve.wait_ready()
@@ -187,6 +190,17 @@ def test_an_operator_watches_runs_live_runs_now_pauses_and_resumes(browser, stac
     wait(browser, lambda d: text(d, "h1 .badge") == "Paused", "the job to be Paused")
     click(browser, "button.resume")
     wait(browser, lambda d: text(d, "h1 .badge") == "Active", "the job to be Active")
+
+    # cancel a sleeping run: the run page's button; its supervisor stops it and records it Cancelled
+    browser.get(base + "/jobs/sleeper")
+    click(browser, "button.run")
+    wait(browser, lambda d: [s for _, s in run_rows(d)] == ["Running"], "the sleeping run to start")
+    click(browser, "#runs tr[data-run] a")
+    wait(browser, lambda d: "/runs/" in d.current_url and text(d, "h1 .badge") == "Running", "the run's page")
+    click(browser, "button.cancel")
+    wait(browser, lambda d: "cancel requested" in text(d, ".flash"), "the cancel answer")
+    wait(browser, lambda d: text(d, "h1 .badge") == "Cancelled", "the run to be Cancelled, live")
+    assert "by operator@127.0.0.1" in text(browser, "dl.fields")
 
     # every page, with no JavaScript console error (a CSP violation would be one)
     for path, name in (("/", "overview"), ("/jobs", "jobs"), ("/runs", "runs"), ("/audit", "audit"),

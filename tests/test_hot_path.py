@@ -188,3 +188,26 @@ def test_results_waiting_for_the_database_still_count_under_the_cap(mem_store, f
     assert d.supervisor.pending == [] and store.get_run(run_id)["status"] == "Completed"
     at(1.6)
     assert len(d.pool.submitted) == 3
+
+
+def test_the_unreadable_next_run_at_sweep_reads_a_few_ids_per_rescan_and_covers_every_job(
+        mem_store, fake_factory, caplog, monkeypatch):
+    from mjsched_isolated.supervisor import dispatch
+    monkeypatch.setattr(dispatch, "UNREADABLE_SWEEP_ROWS", 2)
+    store = mem_store
+    later = utcnow() + dt.timedelta(days=1)
+    for i in range(7):
+        add_job(store, f"j{i}", "ok", YEARLY, next_run_at=later)
+    tomorrow = later.strftime("%Y-%m-%dT%H:%M:%SZ")  # sorts after every real due time: never due by SQL
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET next_run_at = :raw WHERE name IN ('j1', 'j6')"), {"raw": tomorrow})
+    d = fake_factory(rescan_interval_s=0.1)
+    seen = Transactions(store.engine)
+    at = d.timeline()
+    at(0)  # ids 1-2: j1 found
+    assert "job j1: its next_run_at could not be read" in caplog.text and "job j6" not in caplog.text
+    for step in range(1, 4):  # ids 3-4, 5-6, 7: j6 found at the third rescan
+        at(step * 0.2)
+        assert ("job j6: its next_run_at could not be read" in caplog.text) == (step == 3)
+    assert store.get_job("j1")["next_run_at"] is not None and store.get_job("j6")["next_run_at"] is not None
+    assert seen.committed  # the repairs were written

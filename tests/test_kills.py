@@ -120,3 +120,21 @@ class Polite(BaseScheduledJob):
     assert (tmp_path / "cleaned-up").read_text() == "yes"
     assert wait_gone([int((tmp_path / "child").read_text())]) == []
     assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=10)  # not the full grace
+
+
+def test_a_worker_killed_by_the_kernel_is_reported_as_probably_out_of_memory(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory()
+    d.pool.hold()
+    add_job(store, "oom", "ok", YEARLY, max_memory_mb=300)
+    add_job(store, "xcpu", "ok", YEARLY)
+    at = d.timeline()
+    at(0)
+    oom, xcpu = (r["id"] for n in ("oom", "xcpu") for r in store.list_runs(job_name=n))
+    d.pool.crash(oom, exitcode=-9)
+    d.pool.crash(xcpu, exitcode=-24)  # SIGXCPU
+    at(0.1)
+    assert store.get_run(oom)["error_message"].endswith(
+        "(killed by signal SIGKILL): not sent by this supervisor, most likely the kernel's out-of-memory killer "
+        "(see the kernel log); the job's memory limit is 300 MB")
+    assert store.get_run(xcpu)["error_message"].endswith("its CPU time limit (max_cpu_s) was exceeded")

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
+import pytest
 from conftest import FIXTURE_PLUGINS, add_job
 from fakes import FakePool
+from procs import Serve
+from waiting import LogLines
 
 from mjsched_isolated.config import Settings
 from mjsched_isolated.store import Store
@@ -125,3 +131,53 @@ def test_a_slow_poll_does_not_starve_the_renewal_under_serve(tmp_path, caplog):
         assert sup.renewer is not None and sup.renewer.renewals >= 6
     finally:
         store.close()
+
+
+def _unshare_works() -> bool:
+    try:
+        probe = subprocess.run(["unshare", "-pf", "--kill-child", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+class Pid1Serve(Serve):
+    """``serve`` as PID 1 of a new PID namespace (``unshare -pf``), as a container's entrypoint: its pid is
+    1 at every start. SIGKILLing the ``unshare`` process kills that PID 1, and with it the namespace."""
+
+    def __init__(self, db_url: str, *args: str) -> None:
+        cmd = ["unshare", "-pf", "--kill-child=SIGKILL", sys.executable, "-m", "mjsched_isolated", "serve",
+               "--db", db_url, "--plugins", FIXTURE_PLUGINS, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        self.log_lines = LogLines(self.proc.stdout)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -pf (a new PID namespace)")
+def test_a_container_pid_1_sigkilled_and_restarted_has_its_crashed_run_failed_within_ttl_plus_a_poll(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    ttl_s, poll_s = 3.0, 0.5
+    args = ["--lease-ttl-s", str(ttl_s), "--lease-renew-interval-s", "0.5", "--rescan-interval-s", str(poll_s),
+            "--max-concurrent-jobs", "1"]
+    with Store.open(url) as store:
+        add_job(store, "long", "hang", "0 0 1 1 *")
+        first = Pid1Serve(url, *args)
+        second = None
+        try:
+            run_id = int(first.wait_for(r"run (\d+) started: job long").group(1))
+            os.kill(first.proc.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            first.proc.wait(10)
+            second = Pid1Serve(url, *args)
+            second.wait_for(rf"run {run_id} of job long marked Failed: abandoned", ttl_s + 15)
+            recovered_s = time.monotonic() - killed_at
+            print(f"PID 1 restarted: crashed run recorded Failed {recovered_s:.2f} s after the SIGKILL (ttl {ttl_s} s)")
+            rows = store.list_supervisors()
+            assert len(rows) == 2 and {(r["hostname"], r["pid"]) for r in rows} == {(socket.gethostname(), 1)}
+            run = store.get_run(run_id)
+            assert run["status"] == "Failed" and run["executed_by_instance"] in run["error_message"]
+        finally:
+            for s in (first, second):
+                if s is not None:
+                    s.stop()

@@ -34,6 +34,7 @@ OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: ru
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
 NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
+LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def without_0002(reflected: dict) -> dict:
     out = {k: v for k, v in reflected.items()
            if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS}}
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
                                                if k not in NEW_RUN_COLUMNS},
                    "indexes": [i for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"]}

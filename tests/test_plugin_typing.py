@@ -28,13 +28,19 @@ def _examples() -> dict[str, str]:
     return {re.search(r"^class (\w+)\(BaseScheduledJob", b, re.MULTILINE).group(1): b for b in blocks}  # type: ignore[union-attr]
 
 
+# The database and metrics libraries that the package imports are no part of a plugin's types: mypy does not
+# follow them (they are Any), which spares it three quarters of its work (over 300 of some 600 modules)
+MYPY_CONFIG = "[mypy]\n[mypy-sqlalchemy.*,psycopg.*,alembic.*,prometheus_client.*]\nfollow_imports = skip\n"
+
+
 def _mypy(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     return subprocess.run(  # default mode; the errors of modules it imports are not this test's business
-        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--cache-dir", str(tmp_path / ".mypy_cache"),
-         *(str(tmp_path / name) for name in files)], capture_output=True, text=True, timeout=55, cwd=ROOT,
-        check=False)
+        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--follow-imports=silent",
+         "--cache-dir", str(tmp_path / ".mypy_cache"), *(str(tmp_path / name) for name in files)],
+        capture_output=True, text=True, timeout=55, cwd=ROOT, check=False)
 
 
 @pytest.fixture(scope="module")

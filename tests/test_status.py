@@ -61,7 +61,9 @@ def test_status_shows_supervisors_in_flight_runs_next_due_and_failures(backend, 
             deadline = dt.datetime.fromisoformat(flight["deadline_at"])
             assert deadline == hung_run["deadline_at"]
             assert abs((deadline - started).total_seconds() - 60) < 2  # lease_timeout_s
-            assert 0 <= flight["running_for_s"] < 30
+            assert 0 <= flight["running_for_s"] < 30 and flight["cancel_requested_by"] is None
+            store.request_cancel(hung_run["id"], "ops@console")  # the driver does not cycle: it stays Running
+            assert _status(capsys, url, "--json")["in_flight"][0]["cancel_requested_by"] == "ops@console"
             assert [(j["name"], j["cron_expression"], j["timezone"]) for j in report["next_due"]] == [
                 ("hung", YEARLY, "UTC"), ("bad", YEARLY, "UTC"), ("later", YEARLY, "UTC")]
             assert dt.datetime.fromisoformat(report["next_due"][2]["next_run_at"]) == LATER

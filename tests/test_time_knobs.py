@@ -12,6 +12,8 @@ import json
 import pytest
 from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mjsched_isolated import Client, DstFoldPolicy, DstGapPolicy, InputError, planner
 from mjsched_isolated.store import Store
@@ -157,6 +159,27 @@ def test_grace_longer_than_the_interval_runs_a_late_occurrence_as_on_time():
         run=True, next_run_at=utc(2030, 1, 1, 9, 1), missed=True)
 
 
+@settings(max_examples=200, deadline=None)
+@given(late_s=st.floats(min_value=0, max_value=4 * 3600), grace_s=st.floats(min_value=1, max_value=4 * 3600),
+       policy=st.sampled_from(["Skip", "RunOnce", "RunAll"]))
+def test_grace_decides_missed_by_lateness_alone(late_s, grace_s, policy):
+    """Property: with missed_run_grace_s, an hourly occurrence found late_s after its instant is missed
+    exactly when late_s > grace_s; Skip then does not run it, RunOnce runs it once, RunAll runs every
+    occurrence in turn (the next one to run is the following hour's while that is due)."""
+    scheduled = utc(2030, 1, 1, 9)
+    now = scheduled + dt.timedelta(seconds=late_s)
+    hourly = job(cron_expression="0 * * * *", timezone="UTC", next_run_at=scheduled, missed_run_policy=policy,
+                 missed_run_grace_s=grace_s)
+    decision = planner.decide(hourly, now)
+    missed = (now - scheduled).total_seconds() > grace_s  # late_s as a datetime holds it (to the microsecond)
+    assert decision.run == (policy != "Skip" or not missed)
+    if policy != "RunAll":
+        assert decision.missed == missed
+        assert decision.next_run_at == now.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
+    else:
+        assert decision.next_run_at == utc(2030, 1, 1, 10)
+
+
 def test_supervisor_skips_an_occurrence_found_after_its_grace(mem_store, fake_factory):
     store = mem_store
     d = fake_factory()
@@ -176,7 +199,7 @@ def test_supervisor_skips_an_occurrence_found_after_its_grace(mem_store, fake_fa
 # -- max_total_runtime_s ----------------------------------------------------------------------------------
 def test_heartbeats_never_extend_a_run_past_max_total_runtime_s(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_lease_s=1.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "capped", "ok", YEARLY, max_total_runtime_s=2.0)
     add_job(store, "uncapped", "ok", YEARLY)
@@ -207,7 +230,7 @@ def test_the_cap_shortens_the_first_deadline_too(mem_store, fake_factory):
     assert planner.run_timeout_s({"max_runtime_minutes": 10, "max_total_runtime_s": 90.0}, 300.0) == 90.0
     assert planner.run_timeout_s({"max_total_runtime_s": 900.0}, 300.0) == 300.0  # a cap never lengthens
     store = mem_store
-    d = fake_factory(lease_timeout_s=5.0)
+    d = fake_factory(lease_timeout_s=5.0, kill_grace_s=0)  # SIGKILL at once (the grace: tests/test_kills.py)
     d.pool.hold()
     add_job(store, "short", "ok", YEARLY, max_total_runtime_s=1.5)
     at = d.timeline()
@@ -296,3 +319,49 @@ def test_runall_backlog_drains_when_the_poll_is_faster_than_the_schedule(mem_sto
     job = store.get_job("every-3s")
     assert job["next_run_at"] > now  # caught up: the next occurrence is in the future
     assert job["skipped_count"] == 1 and job["run_count"] >= 10 + 60 * 1.5 // 3 - 1
+
+
+# -- catch-up runs honour max_jitter_s ---------------------------------------------------------------------
+def test_a_runonce_catch_up_is_spread_by_the_jitter_once():
+    hourly = job(name="h", cron_expression="0 * * * *", timezone="UTC", max_jitter_s=600.0)
+    occurrence = utc(2030, 1, 1, 9) + dt.timedelta(seconds=planner.jitter_s(hourly, utc(2030, 1, 1, 9)))
+    now = utc(2030, 1, 1, 11, 30)  # two hours down
+    first = planner.decide({**hourly, "next_run_at": occurrence}, now)
+    assert not first.run and first.deferred and now <= first.next_run_at < now + dt.timedelta(seconds=600)
+    assert planner.decide({**hourly, "next_run_at": occurrence}, now) == first  # the same on every supervisor
+    # at the deferred instant it runs, even when found late again (no second deferral, no loop)
+    for at in (first.next_run_at, utc(2030, 1, 1, 13, 30)):
+        again = planner.decide({**hourly, "next_run_at": first.next_run_at}, at)
+        assert again.run and not again.deferred
+    # not missed, no jitter, or another policy: not deferred
+    assert planner.decide({**hourly, "next_run_at": occurrence}, occurrence).run
+    plain = {**hourly, "max_jitter_s": None, "next_run_at": utc(2030, 1, 1, 9)}
+    assert planner.decide(plain, now).run
+    assert planner.decide({**hourly, "next_run_at": occurrence, "missed_run_policy": "RunAll"}, now).run
+
+
+def test_after_an_outage_jittered_catch_ups_do_not_all_start_at_once(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=4, lease_ttl_s=3600.0)
+    at = d.timeline()
+    now = at(0)
+    # leap-day jobs missed since 2020 (a schedule whose next occurrence cannot fall inside this test's
+    # ten simulated minutes), each due at its jittered occurrence, as the planner set it
+    old = utc(2020, 2, 29)
+    for i in range(12):
+        jittered = old + dt.timedelta(seconds=planner.jitter_s({"name": f"spread-{i}", "max_jitter_s": 600.0}, old))
+        add_job(store, f"spread-{i}", "ok", "0 0 29 2 *", next_run_at=jittered, max_jitter_s=600.0)
+    add_job(store, "unjittered", "ok", "0 0 29 2 *", next_run_at=old)
+    for t in (0.1, 0.2, 0.3, 0.4, 0.5):  # four due jobs read per poll (one per idle worker)
+        at(t)
+    assert [r["status"] for r in store.list_runs(job_name="unjittered", limit=5)] == ["Completed"]
+    delayed = [store.get_job(f"spread-{i}")["next_run_at"] for i in range(12)]
+    assert all(now < when < now + dt.timedelta(seconds=601) for when in delayed)
+    assert max(delayed) - min(delayed) > dt.timedelta(seconds=120)  # spread, not a burst
+    assert not any(store.list_runs(job_name=f"spread-{i}", limit=5) for i in range(12))
+    for t in range(10, 620, 10):
+        at(t)
+    for i in range(12):
+        (run,) = store.list_runs(job_name=f"spread-{i}", limit=5)  # each once, at its delayed instant
+        assert run["status"] == "Completed" and run["scheduled_at"] == delayed[i]
+        assert store.get_job(f"spread-{i}")["skipped_count"] == 0

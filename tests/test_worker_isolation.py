@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -271,3 +272,69 @@ def test_cpu_open_files_and_nice_limits_apply_to_one_run_only(plugins):
             assert _run_limited(one, {"what": "nice"}, None).details["nice"] == usual
         else:  # it cannot: the worker is replaced, and the next run has the usual priority
             assert niced.retiring and "nice" in niced.retiring
+
+
+BOMB_PLUGIN = '''
+import os, time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Bomb(BaseScheduledJob):
+    """A fork bomb, bounded even without a limit: 3 children a process, 5 levels (363), then the worker
+    itself goes on forking, 400 more at most."""
+    job_type = "bomb"
+
+    def execute(self, context):
+        if os.getuid() == 0:  # RLIMIT_NPROC does not hold for root: never run it there
+            return ScheduledJobResult(success=False, error_message="refusing to run as root")
+
+        def bomb(depth):
+            for _ in range(3):
+                if os.fork() == 0:
+                    try:
+                        if depth < 4:
+                            bomb(depth + 1)
+                    except BaseException:
+                        pass
+                    time.sleep(30)
+                    os._exit(0)
+
+        bomb(0)
+        for _ in range(400):
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+        return ScheduledJobResult(success=True)
+'''
+
+BOMB_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from worker_helpers import OneWorker
+from mjsched_isolated import protocol
+import psutil
+with OneWorker(sys.argv[1]) as one:
+    request = protocol.RunRequest(run_id=1, job_id=1, job_name="bomb", job_type="bomb", configuration=None,
+                                  limits=protocol.RunLimits(max_processes=int(sys.argv[3])))
+    one.pool.submit(one.worker, request)
+    bombed = one._until(lambda m: isinstance(m, protocol.RunFinished))[-1]
+    after = one.run("ok")[-1]  # the bomb's processes are killed before this run starts
+    left = [p.pid for p in psutil.Process(one.worker.pid).children(recursive=True)]
+    print(json.dumps({"error": bombed.error_message, "after": after.success, "left": len(left)}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv(1) to run a worker under an unprivileged real uid")
+def test_a_fork_bomb_under_a_process_limit_is_contained_and_cleaned_up(plugins):
+    """RLIMIT_NPROC counts the processes of the real uid and exempts root and CAP_SYS_RESOURCE: the worker
+    runs with real uid nobody (effective root, to read the interpreter) and without those capabilities."""
+    (plugins / "bomb.py").write_text(BOMB_PLUGIN)
+    limit = 30 + sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534)
+    cmd = ["setpriv", "--ruid=65534", "--bounding-set=-sys_resource,-sys_admin", sys.executable, "-c", BOMB_SCRIPT,
+           str(plugins), str(Path(__file__).parent), str(limit)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr[-3000:]
+    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert facts["error"].startswith(f"process limit {limit} exceeded"), facts
+    assert facts["after"] is True and facts["left"] == 1  # the watchdog only: the bomb was killed and reaped

@@ -132,6 +132,13 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")
     add("--max-runtime-minutes", field="max_runtime_minutes", type=int, metavar="N",
         help="the run's deadline, if longer than lease_timeout_s")
+    add("--max-memory-mb", field="max_memory_mb", type=int, metavar="MB",
+        help="each run may allocate at most MB more memory (RLIMIT_DATA; see docs/operating/isolation.md)")
+    add("--max-cpu-s", field="max_cpu_s", type=int, metavar="S", help="each run may use at most S seconds of CPU")
+    add("--max-open-files", field="max_open_files", type=int, metavar="N", help="open files limit of each run")
+    add("--max-processes", field="max_processes", type=int, metavar="N",
+        help="process limit of each run (RLIMIT_NPROC: per user, not for root)")
+    add("--nice", field="nice", type=int, metavar="N", help="scheduling priority of each run, -20..19")
     add("--start-at", field="start_at", metavar="ISO",
         help="no occurrence before this; without an offset it is read in --tz")
     add("--end-at", field="end_at", metavar="ISO", help="no occurrence after this (the job becomes Expired)")

@@ -1,7 +1,8 @@
 """The dashboard's ASGI application (Starlette): pages, their JSON under ``/api/``, actions, live updates.
 
 Every page ``/x`` has its JSON at ``/api/x`` (described by ``/api/openapi.json``). Actions are POSTs
-(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``); the pages' forms post to the same URLs
+(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``,
+``/api/runs/{id}/cancel``); the pages' forms post to the same URLs
 and are sent back to the page (303) with a one-line message. Every action, refused ones too, is logged
 (logger ``mjsched.dashboard``) and stored in the audit log with who and when.
 
@@ -22,6 +23,7 @@ import datetime as dt
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -211,7 +213,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
                 if not isinstance(body, dict):
                     return dash.error(request, who, 400, "body: must be a JSON object")
                 form = body
-            target = request.path_params.get("name")
+            target = request.path_params.get("name") or request.path_params.get("run_id")
             token = request.headers.get("x-csrf-token") or (form.pop("csrf_token", None) if is_form else None)
             if not who.bearer and not dash.auth.csrf_ok(who.session, token if isinstance(token, str) else None):
                 await run_in_threadpool(dash.audit, who, request, name, target, "refused", {"reason": "no CSRF token"})
@@ -241,8 +243,9 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         return dash.error(request, who, status, message)
 
     def _redirect(request: Request, who: Who, target: Any, **message: str) -> Response:
-        back = target if isinstance(target, str) and target.startswith("/") and not target.startswith("//") else (
-            "/jobs/" + request.path_params["name"] if "name" in request.path_params else "/")
+        fallback = ("/jobs/" + request.path_params["name"] if "name" in request.path_params else
+                    "/runs/" + request.path_params["run_id"] if "run_id" in request.path_params else "/")
+        back = target if _safe_next(target) == target else fallback
         back = back.split("?")[0] + "?" + urlencode(message)
         return dash.finish(RedirectResponse(back, 303), who)
 
@@ -272,6 +275,15 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         return 202, {"job_name": name, "accepted": True,
                      "message": f"job {name!r} started: its run appears in the list as soon as a worker takes it"}
 
+    async def do_cancel(request: Request, who: Who, run_id: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        try:
+            number = int(run_id)
+        except ValueError:
+            raise InputError("id", f"must be an integer, got {run_id!r}") from None
+        run = await run_in_threadpool(ops.cancel_run, store, number, who.actor)
+        return 202, {"run": data._run_summary(run),
+                     "message": f"run {number}: cancel requested; its supervisor stops it at its next lease renewal"}
+
     # -- login ---------------------------------------------------------------------------------------
     async def login_page(request: Request) -> Response:
         who = dash.identify(request)
@@ -282,9 +294,14 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         form = dict(await request.form())
         if not dash.auth.csrf_ok(who.session, str(form.get("csrf_token") or "")):
             return dash.error(request, who, 403, "forbidden: a POST needs the page's CSRF token")
-        role = await run_in_threadpool(dash.auth.login, str(form.get("password") or ""))
         remote = request.client.host if request.client else "?"
+        if dash.auth.throttle.locked(remote, time.monotonic()):
+            await run_in_threadpool(dash.audit, who, request, "login", None, "refused", {"reason": "throttled"})
+            return dash.error(request, who, 429, "too many failed logins from this address: try again in a few "
+                                                 "minutes")
+        role = await run_in_threadpool(dash.auth.login, str(form.get("password") or ""))
         if role is None:
+            dash.auth.throttle.failed(remote, time.monotonic())
             await run_in_threadpool(dash.audit, who, request, "login", None, "refused", None)
             return dash.page(request, who, "login.html", {"next": _safe_next(form.get("next")),
                                                           "login_error": "wrong password"})
@@ -347,6 +364,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         Route("/api/jobs/{name:path}/pause", action("pause", do_pause), methods=["POST"]),
         Route("/api/jobs/{name:path}/resume", action("resume", do_resume), methods=["POST"]),
         Route("/api/jobs/{name:path}/update", action("update", do_update), methods=["POST"]),
+        Route("/api/runs/{run_id}/cancel", action("cancel", do_cancel), methods=["POST"]),
         Route("/api/jobs/{name:path}", reader(pages["job"], None)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -409,7 +427,10 @@ def _changes(form: dict[str, Any]) -> dict[str, Any]:
 
 
 def _safe_next(value: Any) -> str:
-    return value if isinstance(value, str) and value.startswith("/") and not value.startswith("//") else "/"
+    """``value`` if it is a path on this site, else ``/`` (no open redirect: ``//host``, ``/\\host``)."""
+    if isinstance(value, str) and value.startswith("/") and value[1:2] not in ("/", "\\") and "\n" not in value:
+        return value
+    return "/"
 
 
 def _next_of(request: Request) -> str:

@@ -73,6 +73,38 @@ class Session(msgspec.Struct, frozen=True):
     expires: float
 
 
+LOGIN_FAILURES = 5  # failed logins from one address ...
+LOGIN_WINDOW_S = 300.0  # ... within this many seconds lock that address out for the rest of the window
+
+
+class LoginThrottle:
+    """Failed logins per remote address (in this process): after :data:`LOGIN_FAILURES` within
+    :data:`LOGIN_WINDOW_S`, further attempts from it are refused until the oldest failure ages out
+    (OWASP's login throttling). ``now`` is a monotonic time in seconds, passed in."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, list[float]] = {}
+
+    def _recent(self, address: str, now: float) -> list[float]:
+        recent = [t for t in self.failures.get(address, []) if now - t < LOGIN_WINDOW_S]
+        if recent:
+            self.failures[address] = recent
+        else:
+            self.failures.pop(address, None)
+        return recent
+
+    def locked(self, address: str, now: float) -> bool:
+        """Whether ``address`` may not try now."""
+        return len(self._recent(address, now)) >= LOGIN_FAILURES
+
+    def failed(self, address: str, now: float) -> None:
+        """Count a failed login from ``address``."""
+        self.failures.setdefault(address, []).append(now)
+        if len(self.failures) > 10_000:  # bounded memory: forget the quietest addresses
+            for key in sorted(self.failures, key=lambda k: self.failures[k][-1])[:5_000]:
+                del self.failures[key]
+
+
 class Auth:
     """The dashboard's authentication, from its settings; keeps only hashes of passwords and tokens."""
 
@@ -89,6 +121,7 @@ class Auth:
             for role, value in ((operator, settings.operator_token), (viewer, settings.viewer_token))
             if value]
         self.key = (settings.session_secret or secrets.token_hex(32)).encode()
+        self.throttle = LoginThrottle()
         self.max_age_s = settings.session_max_age_s
 
     @property

@@ -22,7 +22,6 @@ from mjsched_isolated.status import (
 )
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.dashboard_views import MAX_PAGE, DashboardViews
-from mjsched_isolated.store.output import RunOutput
 
 RUN_STATUSES = values(RunStatus)
 JOB_STATUSES = values(JobStatus)
@@ -168,15 +167,16 @@ def jobs_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any
 
 
 def upcoming(job: Mapping[str, Any], now: dt.datetime, count: int = UPCOMING) -> list[dict[str, Any]]:
-    """The job's next ``count`` occurrences from its ``next_run_at`` (or ``now``): ``utc``, ``local``
-    (the job's zone) and ``note`` (daylight-saving notes, :mod:`mjsched_isolated.cronshow`). Empty when it
-    is not scheduled (not Active)."""
+    """The job's next ``count`` occurrences from its ``next_run_at`` (or ``now``), by its own DST
+    policies: ``utc``, ``local`` (the job's zone) and ``note`` (daylight-saving notes,
+    :mod:`mjsched_isolated.cronshow`). Empty when it is not scheduled (not Active)."""
     if job["status"] != JobStatus.ACTIVE:
         return []
     first = job.get("next_run_at")
     try:
         rows = describe_next(job["cron_expression"], job["timezone"], now if first is None else first
-                             - dt.timedelta(microseconds=1), count)
+                             - dt.timedelta(microseconds=1), count,
+                             **{k: job[k] for k in ("dst_gap_policy", "dst_fold_policy") if job.get(k)})
     except MjschedError:
         return []
     end = job.get("end_at")
@@ -219,8 +219,9 @@ def _run_summary(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_page(views: DashboardViews, run_id: str) -> dict[str, Any]:
-    """One run: every column (``details`` decoded), its job's name, and ``output``: what it wrote so far
-    (``runs logs``; "" when nothing). Raises :class:`NotFoundError` (``id``)."""
+    """One run: every column (``details`` decoded), its job's name, and the tail of its captured output
+    (``output``; ``output_earlier_chunks`` chunks before it are left out, ``mjsched runs logs`` has them).
+    Raises :class:`NotFoundError` (``id``)."""
     try:
         number = int(run_id)
     except ValueError:
@@ -228,8 +229,8 @@ def run_page(views: DashboardViews, run_id: str) -> dict[str, Any]:
     if not 0 < number < 2**63:
         raise InputError("id", f"no run with id {number}")
     run = _run_summary(views.get_run(number))
-    output = "".join(text for _, text in RunOutput(views.engine).read(number))
-    return {"run": run, "output": output}
+    output, earlier_chunks = views.output_tail(number)
+    return {"run": run, "output": output, "output_earlier_chunks": earlier_chunks}
 
 
 def audit_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "stri
 LIMIT = _q("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (default 50)")
 BEFORE = _q("before", {"type": "integer", "minimum": 1}, "keyset: only ids below this (the previous page's "
                                                            "next_before)")
+RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
 OBJECT = {"type": "object"}
 ERROR = {"description": "one line naming the field", "content": {"application/json": {"schema": {
     "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
@@ -78,8 +79,10 @@ def openapi_schema() -> dict[str, Any]:
                 _q("supervisor", {"type": "string", "maxLength": 255}, "executed_by_instance"),
                 _q("since", {"type": "string", "format": "date-time"}, "started at or after"),
                 _q("until", {"type": "string", "format": "date-time"}, "started before"), BEFORE, LIMIT]),
-            "/api/runs/{run_id}": {"get": {"summary": "one run", "parameters": [
-                {"name": "run_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}],
+            "/api/runs/{run_id}/cancel": {"post": {
+                "summary": "ask the run's supervisor to cancel a live run (202; it stops at its next lease renewal)",
+                "parameters": [RUN_ID], "responses": {**_ok("cancel requested", "202"), "409": ERROR}}},
+            "/api/runs/{run_id}": {"get": {"summary": "one run", "parameters": [RUN_ID],
                 "responses": _ok("the run")}},
             "/api/audit": _get("the audit log, newest first", [BEFORE, LIMIT]),
         },

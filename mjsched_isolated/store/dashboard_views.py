@@ -20,7 +20,7 @@ from mjsched_isolated.enums import RunStatus
 from mjsched_isolated.errors import NotFoundError
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.records import AuditRow, RunView
-from mjsched_isolated.store.schema import audit_log, jobs, runs, supervisors
+from mjsched_isolated.store.schema import audit_log, jobs, run_output, runs, supervisors
 from mjsched_isolated.store.text import fit_text
 
 FAILING = (RunStatus.FAILED.value, RunStatus.TIMEOUT.value)
@@ -80,6 +80,8 @@ class DashboardViews:
                 conn.execute(sa.select(sa.func.max(supervisors.c.heartbeat_at),
                                        sa.func.max(supervisors.c.lease_expires_at))).one(),
                 conn.execute(sa.select(sa.func.max(audit_log.c.id))).scalar(),
+                conn.execute(sa.select(sa.func.count()).select_from(run_output).where(run_output.c.run_id.in_(
+                    sa.select(runs.c.id).where(runs.c.status == RunStatus.RUNNING)))).scalar(),  # live output
             ]
         return repr(parts)
 
@@ -222,6 +224,19 @@ class DashboardViews:
         query = query.order_by(audit_log.c.id.desc()).limit(min(limit, MAX_PAGE))
         with self.engine.connect() as conn:
             return [cast(AuditRow, dict(r)) for r in conn.execute(query).mappings()]
+
+    def output_tail(self, run_id: int, max_chunks: int = 64) -> tuple[str, int]:
+        """Run ``run_id``'s captured output: the text of its last ``max_chunks`` chunks (each at most
+        16 KB), and how many chunks came before them (0: it is all there)."""
+        query = (sa.select(run_output.c.seq, run_output.c.data).where(run_output.c.run_id == run_id)
+                 .order_by(run_output.c.seq.desc()).limit(max_chunks))
+        with self.engine.connect() as conn:
+            chunks = list(conn.execute(query))
+            if not chunks:
+                return "", 0
+            earlier = conn.execute(sa.select(sa.func.count()).select_from(run_output).where(
+                run_output.c.run_id == run_id, run_output.c.seq < chunks[-1].seq)).scalar_one()
+        return "".join(data for _, data in reversed(chunks)), int(earlier)
 
     def get_run(self, run_id: int) -> RunView:
         """Run ``run_id`` with its job's name. Raises :class:`NotFoundError` (field ``id``)."""

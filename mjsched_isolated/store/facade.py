@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.store import schema
-from mjsched_isolated.store.jobs import Jobs
+from mjsched_isolated.store.jobs import Jobs, unreadable_next_run_at_chunk
 from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
 from mjsched_isolated.store.output import PluginReloads, RunOutput
@@ -158,6 +158,10 @@ class Store:
     def unreadable_next_run_at_jobs(self) -> list[JobRow]:
         """Active jobs whose ``next_run_at`` cannot be read (:meth:`Jobs.unreadable_next_run_at_jobs`)."""
         return self.jobs.unreadable_next_run_at_jobs()
+
+    def unreadable_next_run_at_chunk(self, after_id: int, limit: int) -> tuple[list[JobRow], int]:
+        """Unreadable ``next_run_at`` among the next ``limit`` job ids (:func:`jobs.unreadable_next_run_at_chunk`)."""
+        return unreadable_next_run_at_chunk(self.engine, after_id, limit)
 
     def queue_now(self, job_id: int, now: dt.datetime) -> bool:
         """Make a Queue job's pending occurrence due now (:meth:`Jobs.queue_now`)."""

@@ -40,6 +40,8 @@ class Jobs:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self._due_prebuilt: sa.Select | None = None  # the poll's reads without exclusions, built once
+        self._next_due_prebuilt: sa.Select | None = None
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -141,17 +143,29 @@ class Jobs:
         by id. So when more jobs are due than there are slots, no job waits behind lower ids every time.
         A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
         ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
-        query = (sa.select(jobs).where(*self._dispatchable(exclude), jobs.c.next_run_at <= now)
-                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
-                 .limit(limit))
+        if exclude:
+            query = self._due_query(exclude)
+        else:  # the usual case: built once (building it cost more than running it)
+            query = self._due_prebuilt = self._due_prebuilt if self._due_prebuilt is not None else self._due_query(())
         with self.engine.connect() as conn:
-            return _job_rows(conn.execute(query))
+            return _job_rows(conn.execute(query, {"p_now": now, "p_limit": limit}))
+
+    def _due_query(self, exclude: AbstractSet[int] | tuple[()]) -> sa.Select:
+        return (sa.select(jobs).where(*self._dispatchable(frozenset(exclude)),
+                                      jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)))
+                .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+                .limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
         of an ordered index walk, not a scan."""
-        query = (sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude))
-                 .order_by(jobs.c.next_run_at).limit(1))
+        if exclude or self._next_due_prebuilt is None:
+            query = (sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude))
+                     .order_by(jobs.c.next_run_at).limit(1))
+            if not exclude:
+                self._next_due_prebuilt = query
+        else:
+            query = self._next_due_prebuilt
         with self.engine.connect() as conn:
             return conn.execute(query).scalar()
 
@@ -221,6 +235,22 @@ class Jobs:
         query = sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE, _unreadable_next_run_at())
         with self.engine.connect() as conn:
             return _job_rows(conn.execute(query))
+
+
+def unreadable_next_run_at_chunk(engine: Engine, after_id: int, limit: int) -> tuple[list[JobRow], int]:
+    """:meth:`Jobs.unreadable_next_run_at_jobs` over the next ``limit`` job ids after ``after_id`` only (a
+    primary-key range: the cost is ``limit`` rows, not every job). Returns the jobs found and the id to
+    continue after (0 once past the last job: the sweep starts again)."""
+    if engine.dialect.name != "sqlite":
+        return [], 0
+    window = sa.select(jobs.c.id).where(jobs.c.id > after_id).order_by(jobs.c.id).limit(limit).subquery()
+    with engine.connect() as conn:
+        upper = conn.execute(sa.select(sa.func.max(window.c.id))).scalar()
+        if upper is None:
+            return [], 0
+        # the status is checked here, not in SQL, or SQLite would walk the status index: every Active job
+        query = sa.select(jobs).where(jobs.c.id > after_id, jobs.c.id <= upper, _unreadable_next_run_at())
+        return [j for j in _job_rows(conn.execute(query)) if j["status"] == JobStatus.ACTIVE], upper
 
 
 def _unreadable_next_run_at() -> sa.ColumnElement[bool]:

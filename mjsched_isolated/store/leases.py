@@ -238,8 +238,7 @@ class Leases:
                 started_at = conn.execute(self._stmts.db_now).scalar_one()
                 if not_before is not None and started_at < not_before:
                     started_at = not_before
-                return [self._insert_run(conn, r, t, started_at, instance) if w else None
-                        for r, t, w in zip(requests, tokens, won, strict=True)]
+                return self._insert_runs(conn, requests, tokens, won, started_at, instance)
         except sa.exc.IntegrityError:
             if len(requests) == 1:
                 job = requests[0].job
@@ -260,15 +259,23 @@ class Leases:
         stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None)
         return token if conn.execute(stmt, params).rowcount == 1 else False
 
-    def _insert_run(self, conn: sa.Connection, r: ClaimRequest, token: str | bool | None, started_at: dt.datetime,
-                    instance: str) -> Claim:
-        lock_token = token if isinstance(token, str) else None
-        key = conn.execute(self._stmts.insert_run, {
-            "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
-            "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
-            "p_queued_at": r.queued_at}).inserted_primary_key
-        assert key is not None  # an INSERT of one row always has one
-        return Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at)
+    def _insert_runs(self, conn: sa.Connection, requests: Sequence[ClaimRequest], tokens: list[str | bool | None],
+                     won: list[bool], started_at: dt.datetime, instance: str) -> list[Claim | None]:
+        """The Running run rows of the won requests, one INSERT each (an executemany with RETURNING is no
+        cheaper: without a sentinel column SQLAlchemy sends it row by row)."""
+        claims: list[Claim | None] = []
+        for r, t, w in zip(requests, tokens, won, strict=True):
+            if not w:
+                claims.append(None)
+                continue
+            lock_token = t if isinstance(t, str) else None
+            key = conn.execute(self._stmts.insert_run, {
+                "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
+                "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
+                "p_queued_at": r.queued_at}).inserted_primary_key
+            assert key is not None  # an INSERT of one row always has one
+            claims.append(Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at))
+        return claims
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat: move run ``run_id``'s deadline to ``deadline_at`` and, if ``token`` still holds the
@@ -305,31 +312,34 @@ class Leases:
 
     def finish_runs(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """:meth:`finish_run` for several runs in ONE transaction (group commit: results that arrived
-        together), each judged by its own row count. Returns one bool per outcome, in order. Any error rolls
-        back the whole batch (the caller then retries, or records the outcomes one at a time to find the one
-        the database refuses)."""
+        together), each judged by its own row count. Returns one bool per outcome, in order. The statistics
+        and releases of the runs that were still Running are then written as one batch of parameters per
+        statement (executemany). Any error rolls back the whole batch (the caller then retries, or records
+        the outcomes one at a time to find the one the database refuses)."""
         if not outcomes:
             return []
-        with self.engine.begin() as conn:
-            return [self._finish_on(conn, o) for o in outcomes]
-
-    def _finish_on(self, conn: sa.Connection, o: Outcome) -> bool:
         st = self._stmts
-        done = conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
-            "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
-            "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
-            "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms}).rowcount == 1
-        if not done:
-            return False
-        if o.count:
-            conn.execute(st.stats if o.duration_ms is None else st.stats_with_duration, {
-                "p_job_id": o.job_id, "p_successes": 1 if o.success else 0, "p_failures": 0 if o.success else 1,
-                "p_duration_ms": o.duration_ms, "p_completed_at": o.completed_at})
-        if o.token is not None:
-            conn.execute(st.release, {"p_job_id": o.job_id, "p_token": o.token})
-        if o.notices:
-            insert_notices(conn, self.dialect, o.notices)
-        return True
+        with self.engine.begin() as conn:
+            # a result lands only on the run row claimed with its token (an id alone could name another run)
+            done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
+                "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
+                "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
+                "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms}).rowcount == 1 for o in outcomes]
+            won = [o for o, d in zip(outcomes, done, strict=True) if d]
+            counted = [o for o in won if o.count]
+            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None]),
+                                (st.stats_with_duration, [o for o in counted if o.duration_ms is not None])):
+                if group:
+                    conn.execute(stmt, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
+                                         "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
+                                         "p_completed_at": o.completed_at} for o in group])
+            releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won if o.token is not None]
+            if releases:
+                conn.execute(st.release, releases)
+            for o in won:
+                if o.notices:
+                    insert_notices(conn, self.dialect, o.notices)
+        return done
 
     def running_runs(self, instance: str | None = None) -> list[RunRow]:
         """Running runs (of supervisor ``instance``, if given)."""

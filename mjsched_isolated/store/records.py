@@ -55,6 +55,11 @@ class JobRow(TypedDict):
     max_jitter_s: float | None
     run_immediately_if_never_run: bool
     max_runtime_minutes: int | None
+    max_memory_mb: int | None
+    max_cpu_s: int | None
+    max_open_files: int | None
+    max_processes: int | None
+    nice: int | None
     notify_on_success: bool
     notify_on_failure: bool
     notify_on_missed: bool
@@ -194,6 +199,7 @@ class InflightRun(TypedDict):
     started_at: dt.datetime
     deadline_at: dt.datetime | None
     scheduled_at: dt.datetime | None
+    cancel_requested_by: str | None
 
 
 class NextDueJob(TypedDict):

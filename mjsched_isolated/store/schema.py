@@ -138,6 +138,12 @@ jobs = sa.Table(
     sa.Column("max_jitter_s", sa.Float),
     sa.Column("run_immediately_if_never_run", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("max_runtime_minutes", sa.Integer),
+    # resource limits of each run (None: the settings' [limits]); see worker/limits.py
+    sa.Column("max_memory_mb", sa.Integer),
+    sa.Column("max_cpu_s", sa.Integer),
+    sa.Column("max_open_files", sa.Integer),
+    sa.Column("max_processes", sa.Integer),
+    sa.Column("nice", sa.Integer),
     sa.Column("notify_on_success", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("notify_on_failure", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("notify_on_missed", sa.Boolean, nullable=False, server_default=sa.false()),

@@ -80,7 +80,7 @@ class Views:
     def inflight_runs(self) -> list[InflightRun]:
         """Running runs, oldest first (the ``ix_runs_status`` index)."""
         query = (sa.select(runs.c.id, jobs.c.name.label("job_name"), jobs.c.job_type, runs.c.executed_by_instance,
-                           runs.c.started_at, runs.c.deadline_at, runs.c.scheduled_at)
+                           runs.c.started_at, runs.c.deadline_at, runs.c.scheduled_at, runs.c.cancel_requested_by)
                  .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.status == RunStatus.RUNNING)
                  .order_by(runs.c.started_at, runs.c.id))
         with self.engine.connect() as conn:

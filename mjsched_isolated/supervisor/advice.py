@@ -25,13 +25,14 @@ class Advice:
         self._logged_types: tuple[str, ...] | None = None
         self._logged_failures: set[tuple[str, str]] = set()
 
-    def warn_high_frequency(self, now: dt.datetime) -> None:
+    def warn_high_frequency(self, now: dt.datetime) -> int:
         """One summary line for the jobs firing more often than every 5 minutes (reference §6.4: advice,
         not a block): how many, and the ``SHORTEST_LISTED`` shortest with their intervals, at start and
-        again when that set changes. Recomputed only when an Active job changed (its signature)."""
+        again when that set changes. Recomputed only when an Active job changed (its signature). Returns
+        the number of Active jobs."""
         signature = self.store.active_jobs_signature()
         if signature == self._active_signature:
-            return
+            return signature[0]
         self._active_signature = signature
         offenders, intervals = [], {}
         for job in self.store.active_jobs():
@@ -53,6 +54,7 @@ class Advice:
                         "advice, not a block). Shortest intervals: %s%s", len(offenders), shortest,
                         f"; and {more} more" if more > 0 else "")
         self._high_frequency_warned = tuple(offenders)
+        return signature[0]
 
     def log_plugins(self, ready: protocol.Ready) -> None:
         """The available job types when they change; each plugin load failure once."""

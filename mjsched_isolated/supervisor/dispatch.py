@@ -27,10 +27,14 @@ from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.limits import run_limits
 from mjsched_isolated.supervisor.metrics import Metrics
 
 log = logging.getLogger("mjsched.supervisor")
 SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date arithmetic can follow
+UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per rescan (SQLite only)
+MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
+ADVICE_INTERVAL_S = 60.0
 
 
 def job_types(worker: Any) -> set[str]:
@@ -52,10 +56,15 @@ class Dispatcher:
         self.wake_sender = wake_sender
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        # job id -> job_type this supervisor has no plugin for: left to others until the next rescan
+        self.unrunnable: dict[int, str] = {}
+        self._reported_unrunnable: set[tuple[int, str]] = set()  # logged once per (job, type)
         self.next_rescan_at: dt.datetime | None = None
         # how many results wait to be recorded (database unreachable): their slots still count as taken
         self.unrecorded: Callable[[], int] = lambda: 0
         self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
+        self._next_advice_at: dt.datetime | None = None
+        self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -63,9 +72,16 @@ class Dispatcher:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self._forget_fixed_bad_jobs()
-        self.advice.warn_high_frequency(now)
+        self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
+        if self._next_advice_at is None or now >= self._next_advice_at:
+            active = self.advice.warn_high_frequency(now)
+            # its signature reads every Active job: with many, once a minute, not at every rescan
+            self._next_advice_at = now + dt.timedelta(seconds=ADVICE_INTERVAL_S) if active > MANY_JOBS else None
         self.abandon_orphans(now)
-        for job in self.store.unreadable_next_run_at_jobs():  # edited by hand into a SQLite file
+        # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
+        found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
+                                                                               UNREADABLE_SWEEP_ROWS)
+        for job in found:
             if job["id"] not in self.bad_jobs:
                 self._repair_unreadable(job, now)
         for job in self.store.unscheduled_active_jobs():
@@ -113,7 +129,7 @@ class Dispatcher:
                  for p in w.ready.plugins}
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
-        for job in self.store.due_jobs(now, limit=len(idle), exclude=set(self.bad_jobs)):
+        for job in self.store.due_jobs(now, limit=len(idle), exclude=self._excluded()):
             if not idle:
                 break
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
@@ -132,7 +148,11 @@ class Dispatcher:
         waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
         if not self.pool.idle_workers():
             return None
-        return self.store.next_due_at(set(self.bad_jobs) | self.waiting_for_worker)
+        return self.store.next_due_at(self._excluded() | self.waiting_for_worker)
+
+    def _excluded(self) -> set[int]:
+        """Jobs this supervisor does not look at: bad rows, and job types it has no plugin for."""
+        return set(self.bad_jobs) | set(self.unrunnable)
 
     def decide_one(self, job: JobRow, known: set[str], now: dt.datetime, worker: Any) -> bool:
         """Run, skip or set aside one due job. True if it took ``worker``."""
@@ -166,17 +186,24 @@ class Dispatcher:
             seen = decision.scheduled_at  # ... and run the oldest kept at once (planner.decide)
             job = job.copy()
             job["next_run_at"] = seen
+        if decision.deferred:  # a RunOnce catch-up spread by max_jitter_s (planner.decide): not a skip
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now):
+                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
+                         iso(next_run_at), extra=log_ctx(job))
+            return False, None, job
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
                    f"than a year; catching up from {iso(next_run_at)}" if decision.skipped_older
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
             return False, None, job
-        if job["job_type"] not in known:
-            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True):
-                self.metrics.occurrence_skipped("job_type_unavailable")
-                log.error("job %s: occurrence %s skipped: job_type %r is not available (see `plugins list`)",
-                          job["name"], iso(seen), job["job_type"], extra=log_ctx(job))
+        if job["job_type"] not in known:  # left due for a supervisor that has the plugin (a rolling deploy)
+            self.unrunnable[job["id"]] = job["job_type"]
+            if (job["id"], job["job_type"]) not in self._reported_unrunnable:
+                self._reported_unrunnable.add((job["id"], job["job_type"]))
+                log.error("job %s: job_type %r is not available on this supervisor (see `plugins list`); its "
+                          "occurrences are left to a supervisor that has it (occurrence %s is waiting)",
+                          job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
             return False, None, job
         return True, next_run_at, job
 
@@ -190,8 +217,11 @@ class Dispatcher:
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
                     and job["missed_run_policy"] != "RunAll"):
+                holder = job.get("locked_by_instance")  # as read by the poll, just before the claim
                 self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                           "a run is still live (concurrency_mode Skip)")
+                           "a run is still live (concurrency_mode Skip)" if holder is None else
+                           f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
+                           "live, or that supervisor died and its liveness lease has not lapsed yet")
         return sum(f is not None for f in flights)
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
@@ -250,7 +280,7 @@ class Dispatcher:
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
             configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
-            deadline_at=deadline.timestamp())
+            deadline_at=deadline.timestamp(), limits=run_limits(job, self.settings.limits))
         try:
             self.pool.submit(worker, request)
         except OSError:

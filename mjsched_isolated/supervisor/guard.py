@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import signal
 from typing import Any
 
 from mjsched_isolated.config import Settings
@@ -179,7 +180,8 @@ class RunGuard:
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
             return
         self.recorder.record(flight, now, status="Failed", success=False,
-                             error_message=f"worker process {event.worker.pid} died during the run ({how})")
+                             error_message=f"worker process {event.worker.pid} died during the run ({how})"
+                                           f"{death_hint(event.exitcode, flight.job.get('max_memory_mb'))}")
 
     def shift(self, by: dt.timedelta, now: dt.datetime, jump_s: float) -> None:
         """A time jump of ``by``: each run keeps the time it had left, in memory and in its run row and job
@@ -195,3 +197,17 @@ class RunGuard:
         if self.inflight:
             log.warning("time jumped %+.1f s against the monotonic clock; %d in-flight run(s) keep the time "
                         "they had left", jump_s, len(self.inflight))
+
+
+def death_hint(exitcode: int | None, max_memory_mb: int | None) -> str:
+    """What a worker's death by a signal this supervisor did not send most likely means: SIGKILL from
+    the kernel's out-of-memory killer (naming the job's memory limit), SIGXCPU/SIGXFSZ from rlimits."""
+    if exitcode == -signal.SIGKILL:
+        limit = f"; the job's memory limit is {max_memory_mb} MB" if max_memory_mb else ""
+        return (f": not sent by this supervisor, most likely the kernel's out-of-memory killer (see the kernel "
+                f"log){limit}")
+    if exitcode == -signal.SIGXCPU:
+        return ": its CPU time limit (max_cpu_s) was exceeded"
+    if exitcode == -signal.SIGXFSZ:
+        return ": it wrote past the file size limit"
+    return ""

@@ -36,7 +36,7 @@ class InFlight:
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
-                                            "notify_recipients")}
+                                            "notify_recipients", "max_memory_mb")}
 
     @property
     def wake_at(self) -> dt.datetime:

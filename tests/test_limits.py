@@ -1,0 +1,75 @@
+"""Resource limits per job: columns set by the CLI and the Client, validated, defaults from [limits],
+and applied to real runs (the worker side: tests/test_worker_isolation.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from clirun import Cli
+from conftest import FIXTURE_PLUGINS, add_job
+
+from mjsched_isolated.config import Limits, Settings
+from mjsched_isolated.errors import InputError
+from mjsched_isolated.protocol import RunLimits
+from mjsched_isolated.supervisor.limits import run_limits
+
+YEARLY = "0 0 1 1 *"
+
+
+@pytest.fixture
+def cli(db_url, tmp_path, capsys, monkeypatch) -> Cli:
+    return Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": FIXTURE_PLUGINS})
+
+
+def test_limits_are_set_shown_changed_and_validated_by_the_cli(cli):
+    cli("jobs", "add", "capped", "--type", "ok", "--cron", YEARLY, "--max-memory-mb", "200", "--max-cpu-s", "30",
+        "--max-open-files", "64", "--max-processes", "50", "--nice", "5")
+    shown = json.loads(cli("jobs", "show", "capped", "--json").stdout)
+    assert {k: shown[k] for k in ("max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice")} == {
+        "max_memory_mb": 200, "max_cpu_s": 30, "max_open_files": 64, "max_processes": 50, "nice": 5}
+    cli("jobs", "update", "capped", "--max-memory-mb", "300")
+    assert json.loads(cli("jobs", "show", "capped", "--json").stdout)["max_memory_mb"] == 300
+    assert "max_memory_mb" in cli("jobs", "show", "capped").stdout
+    bad = cli("jobs", "add", "bad", "--type", "ok", "--cron", YEARLY, "--nice", "40", expect=2)
+    assert "nice: must be between -20 and 19, got 40" in bad.stderr
+    bad = cli("jobs", "update", "capped", "--max-memory-mb", "0", expect=2)
+    assert "max_memory_mb: must be between 1 and" in bad.stderr
+    assert json.loads(cli("jobs", "show", "capped", "--json").stdout)["max_memory_mb"] == 300  # nothing written
+
+
+def test_a_jobs_limits_win_field_by_field_over_the_settings_defaults():
+    defaults = Limits(max_memory_mb=100, nice=10)
+    assert run_limits({"max_memory_mb": 200}, defaults) == RunLimits(max_memory_mb=200, nice=10)
+    assert run_limits({}, Limits()) is None
+    assert run_limits({"max_memory_mb": -5, "nice": 99}, defaults) == RunLimits(max_memory_mb=100, nice=10)
+    with pytest.raises(InputError, match=r"limits\.max_cpu_s"):
+        Settings(limits=Limits(max_cpu_s=0))
+
+
+HOG = '''
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Hog(BaseScheduledJob):
+    job_type = "hog"
+
+    def execute(self, context):
+        block = bytearray(context.configuration["mb"] * 1024 * 1024)
+        return ScheduledJobResult(success=True, details={"allocated_mb": len(block) >> 20})
+'''
+
+
+def test_a_200_mb_limit_stops_a_1_gb_allocation_and_the_next_job_on_the_slot_is_unaffected(
+        store, driver_factory, tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "hog.py").write_text(HOG)
+    d = driver_factory(plugins_dir=str(tmp_path / "plugins"), max_concurrent_jobs=1)
+    add_job(store, "greedy", "hog", YEARLY, configuration=json.dumps({"mb": 1024}), max_memory_mb=200)
+    d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="greedy")))
+    (greedy,) = store.list_runs(job_name="greedy")
+    assert (greedy["status"], greedy["error_message"]) == ("Failed", "memory limit 200 MB exceeded")
+    add_job(store, "modest", "hog", YEARLY, configuration=json.dumps({"mb": 300}))
+    d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="modest")))
+    (modest,) = store.list_runs(job_name="modest")
+    assert modest["status"] == "Completed" and modest["details"]["allocated_mb"] == 300
