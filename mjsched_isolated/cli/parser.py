@@ -109,7 +109,7 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--tz", field="timezone", metavar="ZONE", help="IANA time zone the schedule is read in (default UTC; "
                                                        "not the host's 'localtime')")
     add("--configuration", field="configuration", metavar="JSON", help="the plugin's configuration as a JSON object")
-    add("--description", field="description", help="free text shown in listings")
+    add("--description", field="description", metavar="TEXT", help="free text shown in listings")
     add("--status", field="status", choices=values(JobStatus), help="default Active for a new job")
     add("--concurrency-mode", field="concurrency_mode", choices=values(ConcurrencyMode),
         help="when a run is still live at the next occurrence: Skip it (default), Queue one, or run Concurrent")
@@ -135,7 +135,8 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--max-memory-mb", field="max_memory_mb", type=int, metavar="MB",
         help="each run may allocate at most MB more memory (RLIMIT_DATA; see docs/operating/isolation.md)")
     add("--max-cpu-s", field="max_cpu_s", type=int, metavar="S", help="each run may use at most S seconds of CPU")
-    add("--max-open-files", field="max_open_files", type=int, metavar="N", help="open files limit of each run")
+    add("--max-open-files", field="max_open_files", type=int, metavar="N",
+        help="open files limit of each run (at least 64: the worker holds about 20 itself)")
     add("--max-processes", field="max_processes", type=int, metavar="N",
         help="process limit of each run (RLIMIT_NPROC: per user, not for root)")
     add("--nice", field="nice", type=int, metavar="N", help="scheduling priority of each run, -20..19")
