@@ -254,10 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
     nxt.add_argument("--after", metavar="ISO", help="start (default now); without an offset it is read in --tz")
     nxt.add_argument("--count", type=int, default=10, metavar="N", help="how many occurrences (default 10)")
-    nxt.add_argument("--dst-gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
-                     help=f"the job's dst_gap_policy (default {DEFAULT_DST_GAP})")
-    nxt.add_argument("--dst-fold", default=DEFAULT_DST_FOLD, choices=DST_FOLD_POLICIES,
-                     help=f"the job's dst_fold_policy (default {DEFAULT_DST_FOLD})")
+    nxt.add_argument("--dst-gap-policy", "--dst-gap", dest="dst_gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
+                     help=f"the job's dst_gap_policy, as in `jobs add` (default {DEFAULT_DST_GAP})")
+    nxt.add_argument("--dst-fold-policy", "--dst-fold", dest="dst_fold", default=DEFAULT_DST_FOLD,
+                     choices=DST_FOLD_POLICIES,
+                     help=f"the job's dst_fold_policy, as in `jobs add` (default {DEFAULT_DST_FOLD})")
     nxt.set_defaults(func=system.cmd_cron_next, uses_settings=False, read_only=True)
 
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(
