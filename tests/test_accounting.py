@@ -31,6 +31,9 @@ def test_a_run_records_its_cpu_time_and_peak_memory_and_the_next_run_starts_from
         light = _finished(one)  # same worker: the peak and the CPU count were reset for this run
         assert light.cpu_s is not None and light.cpu_s < 0.2
         assert light.max_rss_mb is not None and light.max_rss_mb < heavy.max_rss_mb - 50
+        failed = one.run("boom")[-1]  # a plugin that raises: its run is measured all the same
+        assert isinstance(failed, protocol.RunFinished) and not failed.success
+        assert failed.cpu_s is not None and failed.max_rss_mb is not None
 
 
 def test_a_waited_for_child_commands_cpu_and_peak_memory_count_for_the_run():
