@@ -265,7 +265,7 @@ class Supervisor:
                 finished.append((flight, self.recorder.outcome(
                     flight, now, status="Completed" if message.success else "Failed", success=message.success,
                     error_message=message.error_message, details=message.details,
-                    notification=message.notification)))
+                    notification=message.notification, cpu_s=message.cpu_s, max_rss_mb=message.max_rss_mb)))
             elif isinstance(message, protocol.RunStarted) and flight is not None:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,

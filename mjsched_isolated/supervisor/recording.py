@@ -55,8 +55,10 @@ class Recorder:
 
     def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                 error_message: str | None = None, details: dict | None = None, count: bool = True,
-                notification: protocol.NoticeText | None = None) -> Outcome:
-        """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there)."""
+                notification: protocol.NoticeText | None = None, cpu_s: float | None = None,
+                max_rss_mb: float | None = None) -> Outcome:
+        """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there); ``cpu_s`` and
+        ``max_rss_mb``: the run's CPU seconds and peak memory (MiB) as the worker measured them."""
         rows = (notices.outbox_rows(notices.for_run(flight.job, flight.run_id, status=status,
                                                     error_message=error_message, text=notification,
                                                     scheduled_at=flight.scheduled_at),
@@ -64,7 +66,8 @@ class Recorder:
                 if self.settings.notifications.channels() else [])
         completed_at = max(now, flight.recorded_start)
         return Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
-                       (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at)
+                       (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at,
+                       cpu_s, max_rss_mb)
 
     def record_many(self, items: list[tuple[InFlight, Outcome]]) -> None:
         """Record several outcomes (results that arrived together) in one transaction (group commit), behind
