@@ -128,6 +128,11 @@ class Store:
         """Dispatchable jobs due by ``now``, earliest first (:meth:`Jobs.due_jobs`)."""
         return self.jobs.due_jobs(now, limit, exclude)
 
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
+                           ) -> list[JobRow]:
+        """Due Skip jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""
+        return self.jobs.due_live_skip_jobs(now, limit, exclude)
+
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest dispatchable ``next_run_at`` (:meth:`Jobs.next_due_at`)."""
         return self.jobs.next_due_at(exclude)

@@ -35,6 +35,7 @@ SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date a
 UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per rescan (SQLite only)
 MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
 ADVICE_INTERVAL_S = 60.0
+LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
 
 
 def job_types(worker: Any) -> set[str]:
@@ -65,6 +66,8 @@ class Dispatcher:
         self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
         self._next_advice_at: dt.datetime | None = None
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
+        # job id -> its next_run_at, for the Skip jobs whose run this supervisor holds: when to skip
+        self.skip_due_at: dict[int, dt.datetime | None] = {}
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -121,15 +124,21 @@ class Dispatcher:
         # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
         free = self.pool.size - len(self.inflight) - self.unrecorded()
         del idle[max(0, free):]
-        if not idle or self.pool.last_ready is None:
+        if self.pool.last_ready is None:
             return
         # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
         # while serving, a reload in progress); a run goes to a worker that has its type
         known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
                  for p in w.ready.plugins}
+        if not idle:  # every slot taken: still skip, on time, the occurrences of Skip jobs whose run is live
+            self.skip_live(now, known)
+            self._forget_passed_skip_times(now)
+            return
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
-        for job in self.store.due_jobs(now, limit=len(idle), exclude=self._excluded()):
+        limit = len(idle)
+        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded())
+        for job in due:
             if not idle:
                 break
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
@@ -142,12 +151,37 @@ class Dispatcher:
                 idle.remove(worker)
                 to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
+        if len(due) == limit:  # more may be due than this poll could look at: the live Skip ones too
+            self.skip_live(now, known)
+        self._forget_passed_skip_times(now)
+
+    def _forget_passed_skip_times(self, now: dt.datetime) -> None:
+        """A time in :attr:`skip_due_at` still passed after the poll was not skipped here (another supervisor
+        moved the job, it expired, a catch-up was deferred): unknown now, not a wake-up time to spin on."""
+        for job_id, at in self.skip_due_at.items():
+            if at is not None and at <= now:
+                self.skip_due_at[job_id] = None
+
+    def skip_live(self, now: dt.datetime, known: set[str]) -> None:
+        """Skip the due occurrences of Skip jobs whose run is live (one indexed query, at most
+        :data:`LIVE_SKIP_ROWS` jobs), as a lost claim does in :meth:`_claim_batch`: counted in
+        ``skipped_count``, logged, the ``concurrency`` metric and a notice. Without it an occurrence that
+        came due while every worker was busy would run late, after the live run, as a catch-up (issue 12).
+        The missed-run policy is applied first (:meth:`_decide`), as for any due job."""
+        for job in self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded()):
+            decided, next_run_at, job = self._decide(job, known, now)
+            if decided and job["next_run_at"] is not None:
+                self._skip_live_one(job, job["next_run_at"], next_run_at, now)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        """When the loop must look again for due jobs. With no idle worker, the next occurrence of a Skip job
+        whose run this supervisor holds (to skip it on time), else None (a result wakes the loop). Jobs
         waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
-        if not self.pool.idle_workers():
-            return None
+        if not self.pool.idle_workers():  # the next occurrence of a Skip job of ours whose run is live
+            live = {f.job_id for f in self.inflight.values()}
+            for job_id in [j for j in self.skip_due_at if j not in live]:
+                del self.skip_due_at[job_id]
+            return min((at for at in self.skip_due_at.values() if at is not None), default=None)
         return self.store.next_due_at(self._excluded() | self.waiting_for_worker)
 
     def _excluded(self) -> set[int]:
@@ -217,12 +251,19 @@ class Dispatcher:
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
                     and job["missed_run_policy"] != "RunAll"):
-                holder = job.get("locked_by_instance")  # as read by the poll, just before the claim
-                self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                           "a run is still live (concurrency_mode Skip)" if holder is None else
-                           f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
-                           "live, or that supervisor died and its liveness lease has not lapsed yet")
+                self._skip_live_one(job, seen, next_run_at, now)
         return sum(f is not None for f in flights)
+
+    def _skip_live_one(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None,
+                       now: dt.datetime) -> None:
+        """Skip occurrence ``seen`` of a Skip job because its lease is held (a run is live)."""
+        holder = job.get("locked_by_instance")  # as read by the poll
+        if (self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
+                       "a run is still live (concurrency_mode Skip)" if holder is None else
+                       f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
+                       "live, or that supervisor died and its liveness lease has not lapsed yet")
+                and job["id"] in self.skip_due_at):
+            self.skip_due_at[job["id"]] = next_run_at
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
               metric: str, event: str, why: str) -> bool:
@@ -265,10 +306,12 @@ class Dispatcher:
                 status="Expired" if next_run_at is None and scheduled_at is not None else None))
         claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
-        for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
-                                                                             strict=True):
+        for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
+                                                                                       claims, strict=True):
             flights.append(None if claim is None else
                            self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now))
+            if claim is not None and job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
+                self.skip_due_at[job["id"]] = next_run_at  # its next occurrence is skipped if the run is live
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
