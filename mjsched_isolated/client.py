@@ -59,6 +59,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     success_count: int = 0
     failure_count: int = 0
     skipped_count: int = 0
+    missed_count: int = 0
     last_duration_ms: float | None = None
     avg_duration_ms: float | None = None
     concurrency_mode: ConcurrencyMode = ConcurrencyMode.SKIP
@@ -106,6 +107,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: float | None = None
     cancel_requested_at: dt.datetime | None = None
     cancel_requested_by: str | None = None
+    missed_count: int = 0
 
 
 def _job(row: dict[str, Any]) -> Job:

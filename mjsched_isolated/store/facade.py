@@ -158,11 +158,11 @@ class Store:
         return self.jobs.active_jobs()
 
     def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
-                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        now: dt.datetime, *, skipped: int = 0, missed: int = 0, status: str | None = None,
                         notices: list[OutboxRow] | None = None) -> bool:
         """Compare-and-set ``next_run_at`` from ``seen`` (:meth:`Jobs.set_next_run_at`)."""
-        return self.jobs.set_next_run_at(job_id, seen, next_run_at, now, skipped=skipped, status=status,
-                                         notices=notices)
+        return self.jobs.set_next_run_at(job_id, seen, next_run_at, now, skipped=skipped, missed=missed,
+                                         status=status, notices=notices)
 
     def repair_next_run_at(self, job_id: int, next_run_at: dt.datetime | None) -> bool:
         """Replace an unreadable SQLite ``next_run_at`` (:meth:`Jobs.repair_next_run_at`)."""

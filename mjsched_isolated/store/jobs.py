@@ -221,15 +221,18 @@ class Jobs:
             return _job_rows(conn.execute(sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE)))
 
     def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
-                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        now: dt.datetime, *, skipped: int = 0, missed: int = 0, status: str | None = None,
                         notices: list[OutboxRow] | None = None) -> bool:
-        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
-        occurrence; ``status`` optionally changes the status too (e.g. Expired). ``notices``: outbox rows
-        written in the same transaction, only if it won. True if it won."""
+        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` (a count, or True for
+        one) is added to ``skipped_count``, ``missed`` to ``missed_count``; ``status`` optionally changes the
+        status too (e.g. Expired). ``notices``: outbox rows written in the same transaction, only if it won.
+        True if it won."""
         cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
         values: Values = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
         if skipped:
-            values["skipped_count"] = jobs.c.skipped_count + 1
+            values["skipped_count"] = jobs.c.skipped_count + int(skipped)
+        if missed:
+            values["missed_count"] = jobs.c.missed_count + int(missed)
         if status:
             values.update(status=status, updated_at=now)
         with self.engine.begin() as conn:

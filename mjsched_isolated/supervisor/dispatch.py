@@ -221,7 +221,11 @@ class Dispatcher:
             job = job.copy()
             job["next_run_at"] = seen
         if decision.deferred:  # a RunOnce catch-up spread by max_jitter_s (planner.decide): not a skip
-            if self.store.set_next_run_at(job["id"], seen, next_run_at, now):
+            # the occurrences before the deferred instant are folded into that catch-up (counted now)
+            folded = planner.occurrences_between(job, seen, next_run_at) if next_run_at is not None else 0
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, missed=folded):
+                if folded:
+                    self.metrics.occurrences_missed("folded", folded)
                 log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
                          iso(next_run_at), extra=log_ctx(job))
             return False, None, job
@@ -271,10 +275,20 @@ class Dispatcher:
         when another supervisor moved the job first."""
         rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
                                    self.settings.notifications.channels())
-        if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True, notices=rows):
+        try:  # the occurrences between seen and next_run_at are passed over with it (issue 12's accounting)
+            extra = planner.occurrences_between(job, seen, next_run_at)
+        except SCHEDULE_ERRORS:
+            extra = 0
+        by_concurrency = metric == "concurrency"  # else by the missed-run policy: the others are "missed"
+        if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=1 + extra if by_concurrency else 1,
+                                      missed=0 if by_concurrency else extra, notices=rows):
             self.wake_sender()
-            self.metrics.occurrence_skipped(metric)
-            log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
+            self.metrics.occurrence_skipped(metric, 1 + extra if by_concurrency else 1)
+            if extra and not by_concurrency:
+                self.metrics.occurrences_missed("dropped", extra)
+            more = (f" (with the {extra} later occurrence{'s' * (extra != 1)} before {iso(next_run_at)}, counted as "
+                    f"{'skipped' if by_concurrency else 'missed'})" if extra and next_run_at is not None else "")
+            log.warning("job %s: occurrence %s skipped%s: %s", job["name"], iso(seen), more, why, extra=log_ctx(job))
             return True
         return False
 
@@ -296,26 +310,37 @@ class Dispatcher:
         requests, timeouts = [], []
         for job, next_run_at, _, scheduled_at in items:
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+            queued_at = planner.queued_at(job, scheduled_at)
+            passed = planner.occurrences_between(job, scheduled_at, next_run_at) if scheduled_at else 0
+            # a Queue run that waited passes over what came due while the live run went on (Queue keeps one
+            # occurrence waiting): skipped by concurrency; otherwise folded by the missed-run policy
             timeouts.append(timeout_s)
             requests.append(ClaimRequest(
                 # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
                 job, next_run_at, lease_s=timeout_s + self.settings.lease_ttl_s,
                 deadline_at=now + dt.timedelta(seconds=timeout_s),
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
-                queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
-                status="Expired" if next_run_at is None and scheduled_at is not None else None))
+                queued_at=queued_at, only_free_lease=holding,
+                status="Expired" if next_run_at is None and scheduled_at is not None else None,
+                missed=0 if queued_at else passed, skipped=passed if queued_at else 0))
         claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
                                                                                        claims, strict=True):
             flights.append(None if claim is None else
-                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now))
+                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
+                                           request.missed))
+            if claim is not None and request.skipped:
+                self.metrics.occurrence_skipped("concurrency", request.skipped)
+                log.warning("job %s: %d occurrence%s after %s skipped: they came due while its run was live "
+                            "(concurrency_mode Queue keeps one waiting)", job["name"], request.skipped,
+                            "s" * (request.skipped != 1), iso(scheduled_at), extra=log_ctx(job))
             if claim is not None and job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
                 self.skip_due_at[job["id"]] = next_run_at  # its next occurrence is skipped if the run is live
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
-                   timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
+                   timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.recorded_start = started_at = claim.started_at or now
@@ -330,10 +355,13 @@ class Dispatcher:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
         self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
+        if missed:
+            self.metrics.occurrences_missed("folded", missed)
         if log.isEnabledFor(logging.INFO):
-            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
+            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s%s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                     iso(deadline), extra=log_ctx(flight))
+                     iso(deadline), f", catching up {missed} missed occurrence{'s' * (missed != 1)}" if missed
+                     else "", extra=log_ctx(flight))
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------
