@@ -131,8 +131,8 @@ class SlowStore(Store):
         time.sleep(self.delay_s)  # latency of the answer, not synchronisation
         return db_now
 
-    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float):
-        db_now = super().register_supervisor(instance, hostname, pid, ttl_s)
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, **labels):
+        db_now = super().register_supervisor(instance, hostname, pid, ttl_s, **labels)
         time.sleep(self.delay_s)
         return db_now
 
