@@ -414,3 +414,18 @@ def test_every_occurrence_is_run_skipped_or_missed_under_saturation(mem_store, f
     assert missed_total > 0  # saturation folded occurrences, and they are counted
     assert "missed occurrence" in caplog.text
     assert any(r["missed_count"] > 0 for r in store.list_runs(limit=1000))
+
+
+def test_occurrences_between_counts_those_passed_over_with_jitter_end_and_bound():
+    """The accounting's count: occurrences strictly between the decided one and the next ``next_run_at``."""
+    job = {"name": "c", "cron_expression": "*/5 * * * *", "timezone": "UTC", "end_at": None, "max_jitter_s": None}
+    assert planner.occurrences_between(job, at(9), at(9, 5)) == 0  # on time: nothing passed over
+    assert planner.occurrences_between(job, at(9), at(10)) == 11
+    assert planner.occurrences_between(job, at(9), at(9, 7)) == 1  # a non-occurrence next_run_at (a deferral)
+    assert planner.occurrences_between(dict(job, end_at=at(9, 30)), at(9), None) == 6
+    jittered = dict(job, max_jitter_s=60.0)  # next_run_at values are occurrences delayed by their jitter
+    seen = at(9) + dt.timedelta(seconds=planner.jitter_s(jittered, at(9)))
+    following = at(10) + dt.timedelta(seconds=planner.jitter_s(jittered, at(10)))
+    assert planner.occurrences_between(jittered, seen, following) == 11
+    every_second = dict(job, cron_expression="* * * * * *")
+    assert planner.occurrences_between(every_second, at(9), at(12)) == planner.MAX_COUNTED_OCCURRENCES

@@ -38,6 +38,11 @@ ADVICE_INTERVAL_S = 60.0
 LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
 
 
+def how_many(count: int) -> str:
+    """``count`` of occurrences for a log line: "1000 or more" at the counting bound."""
+    return f"{count} or more" if count >= planner.MAX_COUNTED_OCCURRENCES else str(count)
+
+
 def job_types(worker: Any) -> set[str]:
     """The job types ``worker`` loaded (empty until it is ready)."""
     return set() if worker.ready is None else {p.job_type for p in worker.ready.plugins}
@@ -226,8 +231,9 @@ class Dispatcher:
             if self.store.set_next_run_at(job["id"], seen, next_run_at, now, missed=folded):
                 if folded:
                     self.metrics.occurrences_missed("folded", folded)
-                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
-                         iso(next_run_at), extra=log_ctx(job))
+                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)%s", job["name"], iso(seen),
+                         iso(next_run_at), f", folding {how_many(folded)} missed occurrences" if folded else "",
+                         extra=log_ctx(job))
             return False, None, job
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
@@ -286,8 +292,9 @@ class Dispatcher:
             self.metrics.occurrence_skipped(metric, 1 + extra if by_concurrency else 1)
             if extra and not by_concurrency:
                 self.metrics.occurrences_missed("dropped", extra)
-            more = (f" (with the {extra} later occurrence{'s' * (extra != 1)} before {iso(next_run_at)}, counted as "
-                    f"{'skipped' if by_concurrency else 'missed'})" if extra and next_run_at is not None else "")
+            more = (f" (with the {how_many(extra)} later occurrence{'s' * (extra != 1)} before {iso(next_run_at)}, "
+                    f"counted as {'skipped' if by_concurrency else 'missed'})" if extra and next_run_at is not None
+                    else "")
             log.warning("job %s: occurrence %s skipped%s: %s", job["name"], iso(seen), more, why, extra=log_ctx(job))
             return True
         return False
@@ -332,8 +339,8 @@ class Dispatcher:
                                            request.missed))
             if claim is not None and request.skipped:
                 self.metrics.occurrence_skipped("concurrency", request.skipped)
-                log.warning("job %s: %d occurrence%s after %s skipped: they came due while its run was live "
-                            "(concurrency_mode Queue keeps one waiting)", job["name"], request.skipped,
+                log.warning("job %s: %s occurrence%s after %s skipped: they came due while its run was live "
+                            "(concurrency_mode Queue keeps one waiting)", job["name"], how_many(request.skipped),
                             "s" * (request.skipped != 1), iso(scheduled_at), extra=log_ctx(job))
             if claim is not None and job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
                 self.skip_due_at[job["id"]] = next_run_at  # its next occurrence is skipped if the run is live
@@ -360,7 +367,7 @@ class Dispatcher:
         if log.isEnabledFor(logging.INFO):
             log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s%s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                     iso(deadline), f", catching up {missed} missed occurrence{'s' * (missed != 1)}" if missed
+                     iso(deadline), f", catching up {how_many(missed)} missed occurrence{'s' * (missed != 1)}" if missed
                      else "", extra=log_ctx(flight))
         return flight
 
