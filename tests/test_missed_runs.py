@@ -429,3 +429,16 @@ def test_occurrences_between_counts_those_passed_over_with_jitter_end_and_bound(
     assert planner.occurrences_between(jittered, seen, following) == 11
     every_second = dict(job, cron_expression="* * * * * *")
     assert planner.occurrences_between(every_second, at(9), at(12)) == planner.MAX_COUNTED_OCCURRENCES
+
+
+def test_an_occurrence_found_after_end_at_is_counted_missed(mem_store, fake_factory):
+    """The job expires without running its last due occurrence: that one is missed, not lost."""
+    store = mem_store
+    d = fake_factory()
+    now = utcnow()
+    add_job(store, "late", "ok", "* * * * * *", now=now, next_run_at=now - dt.timedelta(seconds=2),
+            end_at=now - dt.timedelta(seconds=1))
+    d.timeline()(0)
+    job = store.get_job("late")
+    assert (job["status"], job["missed_count"], job["skipped_count"], store.list_runs(job_name="late")) == (
+        "Expired", 1, 0, [])

@@ -204,8 +204,9 @@ class Dispatcher:
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
-        if planner.expired(job, now):
-            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
+        if planner.expired(job, now):  # its due occurrence (before end_at) is not run: counted missed
+            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired", missed=1):
+                self.metrics.occurrences_missed("dropped", 1)
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
                             job["name"], iso(job["end_at"]), iso(seen))
             return False, None, job
