@@ -59,6 +59,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     success_count: int = 0
     failure_count: int = 0
     skipped_count: int = 0
+    missed_count: int = 0
     last_duration_ms: float | None = None
     avg_duration_ms: float | None = None
     concurrency_mode: ConcurrencyMode = ConcurrencyMode.SKIP
@@ -108,6 +109,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: float | None = None
     cancel_requested_at: dt.datetime | None = None
     cancel_requested_by: str | None = None
+    missed_count: int = 0
     cpu_s: float | None = None
     max_rss_mb: float | None = None
 

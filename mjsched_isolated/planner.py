@@ -178,6 +178,27 @@ def nth_latest_occurrence(cron_expression: str, timezone: str, now: dt.datetime,
             few = middle
 
 
+MAX_COUNTED_OCCURRENCES = 1000  # counted one by one (about 65 us each) per decision: a bound on the poll's time
+
+
+def occurrences_between(job: Row, seen: dt.datetime, next_run_at: dt.datetime | None) -> int:
+    """How many of the job's occurrences (each delayed by its jitter, as ``next_run_at`` values are) lie
+    strictly between ``seen`` (the occurrence decided) and ``next_run_at`` (the job's next one after the
+    decision; None: up to ``end_at``): the occurrences passed over without a run of their own (issue 12's
+    accounting: every occurrence is run, skipped or missed). Counted one by one, at most
+    :data:`MAX_COUNTED_OCCURRENCES`. Raises :class:`CronError` for a bad cron or zone."""
+    count = 0
+    when = occurrence_after(job, seen)
+    while count < MAX_COUNTED_OCCURRENCES:
+        instant = _within_end(job, when)
+        if instant is None or (next_run_at is not None and instant >= next_run_at):
+            break
+        if instant > seen:
+            count += 1
+        when = occurrence_after(job, when)
+    return count
+
+
 def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:
     """``next_run_at`` once the occurrence ``job["next_run_at"]`` is claimed at ``now``, under RunOnce:
     the first occurrence strictly after ``now``. None when past ``end_at``."""

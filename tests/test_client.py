@@ -22,6 +22,7 @@ from mjsched_isolated import (
 )
 from mjsched_isolated.client import Job, Run
 from mjsched_isolated.ops import AlreadyRunningError
+from mjsched_isolated.store import Store
 
 ROOT = Path(__file__).parents[1]
 UTC = dt.UTC
@@ -133,3 +134,19 @@ def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "refused: cron_expression - descending range '5-1'" in out
     assert re.search(r"run \d+ Completed \d+ ms", out) and "[('hello', 'Paused')]" in out
+
+
+def test_a_job_and_its_runs_carry_the_occurrence_accounting(client, backend_url):
+    """Issue 12: ``missed_count`` (job and run) and ``skipped_count`` reach the Python API."""
+    job = client.add_job("counted", job_type="ok", cron_expression="* * * * *")
+    assert (job.skipped_count, job.missed_count) == (0, 0)
+    store = Store.open(backend_url)
+    try:
+        assert store.set_next_run_at(job.id, job.next_run_at, job.next_run_at + dt.timedelta(minutes=9),
+                                     job.next_run_at, skipped=2, missed=6)
+    finally:
+        store.close()
+    after = client.get_job("counted")
+    assert (after.skipped_count, after.missed_count) == (2, 6)
+    run = client.get_run(client.run_job("counted"))
+    assert run.missed_count == 0  # a manual run folds nothing

@@ -38,6 +38,7 @@ RESOURCE_RUN_COLUMNS = {"cpu_s", "max_rss_mb"}  # 0011
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
 LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
 NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0009
+ACCOUNTING_COLUMNS = {"missed_count"}  # 0010, on jobs and runs
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -143,9 +144,10 @@ def without_0002(reflected: dict) -> dict:
     out = {k: v for k, v in reflected.items()
            if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
-                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS}}
+                                               if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS
+                                               | ACCOUNTING_COLUMNS}}
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
-                                               if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS},
+                                               if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS | ACCOUNTING_COLUMNS},
                    "indexes": [i for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"]}
     out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
                                                              if k not in NEW_SUPERVISOR_COLUMNS}}
@@ -305,6 +307,32 @@ def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url
         try:
             job = store.get_job("leased")
             assert planner.occurrence_after(job, T0) == dt.datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
+def test_0010_upgrade_keeps_rows_and_counts_nothing_missed_before_it(backend_url):
+    """0009 -> 0010 with data: nothing changes, every job and run gets missed_count 0, and a claim after
+    the upgrade adds to it."""
+    engine = make_at(backend_url, "0009")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            assert set(conn.execute(sa.select(jobs.c.missed_count)).scalars()) == {0}
+            assert set(conn.execute(sa.select(runs.c.missed_count)).scalars()) == {0}
+        store = Store.open(backend_url, auto_upgrade=True)
+        try:
+            job = store.get_job("plain")
+            assert store.set_next_run_at(job["id"], job["next_run_at"], T0, T0, skipped=1, missed=3)
+            after = store.get_job("plain")
+            assert (after["skipped_count"], after["missed_count"]) == (1, 3)
         finally:
             store.close()
     finally:

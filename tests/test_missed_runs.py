@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import time
 
 import pytest
@@ -364,3 +365,80 @@ def test_runall_catch_up_runs_wait_for_each_other_even_in_skip_mode(mem_store, f
     assert store.get_job("slow-all")["skipped_count"] == 0
     for a, b in itertools.pairwise(runs):
         assert a["completed_at"] <= b["started_at"]  # one at a time
+
+
+def _due_occurrences(job) -> int:
+    """The job's occurrences from its first (the test's ``first``) up to, not including, its next_run_at."""
+    count, when = 0, job["first"]
+    while when < job["next_run_at"]:
+        count += 1
+        when = planner.occurrence_after(job, when)
+    return count
+
+
+@pytest.mark.parametrize("cap", [2, 4])
+def test_every_occurrence_is_run_skipped_or_missed_under_saturation(mem_store, fake_factory, cap, caplog):
+    """Issue 12: per-second jobs of every policy and mode, runs of 0.5 to 2.5 s, more due than slots: for each
+    job, occurrences due == runs of occurrences + skipped_count + missed_count, exactly; a catch-up run
+    carries how many it folded, and its log line says so."""
+    caplog.set_level(logging.INFO, "mjsched.supervisor")
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=cap)
+    d.pool.hold()
+    now = utcnow()
+    first = now.replace(microsecond=0) + dt.timedelta(seconds=1)
+    kinds = [(mode, policy) for mode in ("Skip", "Queue", "Concurrent") for policy in ("RunOnce", "Skip", "RunAll")]
+    for i, (mode, policy) in enumerate(kinds):
+        add_job(store, f"j{i}", "ok", "* * * * * *", now=now, next_run_at=first, concurrency_mode=mode,
+                missed_run_policy=policy)
+    at = d.timeline()
+    length = {}  # run id -> how long it is held (1.5 to 3.5 s, by run id)
+    started: dict[int, float] = {}
+    for step in range(0, 120):  # 30 s, every 0.25 s
+        t = step / 4
+        for run_id, since in started.items():
+            if t - since >= length[run_id] and run_id in d.pool.held:
+                d.pool.finish(run_id)
+        at(t)
+        for run_id in d.pool.held:
+            if run_id not in started:
+                started[run_id], length[run_id] = t, 0.5 + (run_id % 5) / 2
+    missed_total = 0
+    for i, (mode, policy) in enumerate(kinds):
+        job = dict(store.get_job(f"j{i}"), first=first)
+        runs = [r for r in store.list_runs(job_name=f"j{i}", limit=1000) if r["scheduled_at"] is not None]
+        due = _due_occurrences(job)
+        assert due == len(runs) + job["skipped_count"] + job["missed_count"], (mode, policy, due, len(runs), job)
+        assert sum(r["missed_count"] for r in runs) <= job["missed_count"]
+        missed_total += job["missed_count"]
+    assert missed_total > 0  # saturation folded occurrences, and they are counted
+    assert "missed occurrence" in caplog.text
+    assert any(r["missed_count"] > 0 for r in store.list_runs(limit=1000))
+
+
+def test_occurrences_between_counts_those_passed_over_with_jitter_end_and_bound():
+    """The accounting's count: occurrences strictly between the decided one and the next ``next_run_at``."""
+    job = {"name": "c", "cron_expression": "*/5 * * * *", "timezone": "UTC", "end_at": None, "max_jitter_s": None}
+    assert planner.occurrences_between(job, at(9), at(9, 5)) == 0  # on time: nothing passed over
+    assert planner.occurrences_between(job, at(9), at(10)) == 11
+    assert planner.occurrences_between(job, at(9), at(9, 7)) == 1  # a non-occurrence next_run_at (a deferral)
+    assert planner.occurrences_between(dict(job, end_at=at(9, 30)), at(9), None) == 6
+    jittered = dict(job, max_jitter_s=60.0)  # next_run_at values are occurrences delayed by their jitter
+    seen = at(9) + dt.timedelta(seconds=planner.jitter_s(jittered, at(9)))
+    following = at(10) + dt.timedelta(seconds=planner.jitter_s(jittered, at(10)))
+    assert planner.occurrences_between(jittered, seen, following) == 11
+    every_second = dict(job, cron_expression="* * * * * *")
+    assert planner.occurrences_between(every_second, at(9), at(12)) == planner.MAX_COUNTED_OCCURRENCES
+
+
+def test_an_occurrence_found_after_end_at_is_counted_missed(mem_store, fake_factory):
+    """The job expires without running its last due occurrence: that one is missed, not lost."""
+    store = mem_store
+    d = fake_factory()
+    now = utcnow()
+    add_job(store, "late", "ok", "* * * * * *", now=now, next_run_at=now - dt.timedelta(seconds=2),
+            end_at=now - dt.timedelta(seconds=1))
+    d.timeline()(0)
+    job = store.get_job("late")
+    assert (job["status"], job["missed_count"], job["skipped_count"], store.list_runs(job_name="late")) == (
+        "Expired", 1, 0, [])

@@ -966,6 +966,29 @@ def test_queue_job_with_live_lease_is_not_due(any_store):
     assert store.next_due_at(exclude={s["id"]}) == NOW + dt.timedelta(seconds=1)
 
 
+def test_due_live_skip_jobs_are_the_due_skip_jobs_whose_lease_is_live(any_store):
+    """What a busy supervisor reads to skip on time (issue 12): due Skip jobs (not RunAll) whose lease is
+    held by a live supervisor, oldest first, limited; not a free lease, a Queue job, a future occurrence."""
+    store = any_store
+    _register(store)
+    _register(store, "q:1")
+    later = NOW + dt.timedelta(seconds=1)
+    held = {name: add_job(store, name, "ok", now=NOW, next_run_at=NOW, **values) for name, values in [
+        ("s2", {}), ("s1", {}), ("q", {"concurrency_mode": "Queue"}), ("all", {"missed_run_policy": "RunAll"}),
+        ("dead", {})]}
+    add_job(store, "free", "ok", now=NOW, next_run_at=NOW)
+    for name, job in held.items():
+        _claim(store, job, next_run_at=later if name != "s1" else NOW + dt.timedelta(milliseconds=500),
+               instance="q:1" if name == "dead" else HOLDER, lease_s=LONG)
+    _kill_holder(store, "expired", "q:1")
+    at = NOW + dt.timedelta(minutes=1)
+    assert [j["name"] for j in store.due_live_skip_jobs(at, 10)] == ["s1", "s2"]
+    assert [j["name"] for j in store.due_live_skip_jobs(at, 1)] == ["s1"]
+    assert [j["name"] for j in store.due_live_skip_jobs(at, 10, exclude={held["s1"]["id"]})] == ["s2"]
+    assert store.due_live_skip_jobs(NOW + dt.timedelta(milliseconds=999), 10)[0]["name"] == "s1"
+    assert store.due_live_skip_jobs(NOW, 10) == []
+
+
 def test_queue_job_due_again_once_lease_expired(any_store):
     store = any_store
     _register(store)

@@ -11,6 +11,7 @@ plugin leaves in a reused worker. Every wait is bounded; nothing sleeps to synch
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -230,11 +231,13 @@ def test_skip_mode_skips_occurrences_while_a_run_is_live(mem_store, fake_factory
     d.pool.hold()
     add_job(store, "slow", "ok", "* * * * * *")
     at = d.timeline()
-    at(0)
+    t0 = at(0)
     assert len(d.pool.held) == 1
     at(1.1)
-    at(2.1)  # two occurrences came due while the run was live: skipped, with a free worker idle
-    assert store.get_job("slow")["skipped_count"] == 2 and len(d.pool.held) == 1 and len(d.pool.idle_workers()) == 2
+    t2 = at(2.1)  # two (or three) occurrences came due while the run was live: each skipped, a free worker idle
+    came_due = int(t2.timestamp()) - int(t0.timestamp())  # the whole seconds in (t0, t2]
+    assert store.get_job("slow")["skipped_count"] == came_due and len(d.pool.held) == 1
+    assert len(d.pool.idle_workers()) == 2
     d.pool.finish(d.pool.held[0])
     for step in range(22, 50):  # the result, then the next occurrence runs
         at(step / 10)
@@ -243,6 +246,35 @@ def test_skip_mode_skips_occurrences_while_a_run_is_live(mem_store, fake_factory
     runs = _ordered(store, "slow")
     assert len(runs) == 2, runs
     assert runs[0]["status"] == "Completed" and runs[0]["completed_at"] <= runs[1]["started_at"], runs
+
+
+def test_skip_is_decided_on_time_when_every_worker_is_busy(mem_store, fake_factory, caplog):
+    """Issue 12: cap 1, a Skip job due every second whose runs take 3 s. The occurrences that come due while
+    its run is live are skipped then (counted, logged), not run late as catch-ups after it."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    add_job(store, "slow", "ok", "* * * * * *")
+    at = d.timeline()
+    started: dict[int, float] = {}
+    for step in range(0, 130):  # 13 s, every 0.1 s; each run is finished 3 s after it started
+        t = step / 10
+        for run_id, since in list(started.items()):
+            if t - since >= 3 and run_id in d.pool.held:
+                d.pool.finish(run_id)
+        at(t)
+        for run_id in d.pool.held:
+            started.setdefault(run_id, t)
+        if d.pool.held:  # busy: the loop still wakes at the live job's next occurrence, to skip it then
+            assert d.supervisor.dispatcher.next_due_at() == store.get_job("slow")["next_run_at"]
+    runs = [r for r in _ordered(store, "slow") if r["status"] != "Running"]
+    assert len(runs) >= 3, runs
+    for before, after in itertools.pairwise(runs):
+        assert not before["started_at"] < after["scheduled_at"] <= before["completed_at"], (before, after)
+        assert after["scheduled_at"] > before["completed_at"]
+    job = store.get_job("slow")
+    assert job["skipped_count"] >= 2 * len(runs), (job["skipped_count"], runs)
+    assert "skipped: a run is still live" in caplog.text or "skipped: the job's lease is held" in caplog.text
 
 
 def test_concurrent_mode_overlaps_runs(mem_store, fake_factory):

@@ -128,6 +128,11 @@ class Store:
         """Dispatchable jobs due by ``now``, earliest first (:meth:`Jobs.due_jobs`)."""
         return self.jobs.due_jobs(now, limit, exclude)
 
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
+                           ) -> list[JobRow]:
+        """Due Skip jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""
+        return self.jobs.due_live_skip_jobs(now, limit, exclude)
+
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest dispatchable ``next_run_at`` (:meth:`Jobs.next_due_at`)."""
         return self.jobs.next_due_at(exclude)
@@ -153,11 +158,11 @@ class Store:
         return self.jobs.active_jobs()
 
     def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
-                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        now: dt.datetime, *, skipped: int = 0, missed: int = 0, status: str | None = None,
                         notices: list[OutboxRow] | None = None) -> bool:
         """Compare-and-set ``next_run_at`` from ``seen`` (:meth:`Jobs.set_next_run_at`)."""
-        return self.jobs.set_next_run_at(job_id, seen, next_run_at, now, skipped=skipped, status=status,
-                                         notices=notices)
+        return self.jobs.set_next_run_at(job_id, seen, next_run_at, now, skipped=skipped, missed=missed,
+                                         status=status, notices=notices)
 
     def repair_next_run_at(self, job_id: int, next_run_at: dt.datetime | None) -> bool:
         """Replace an unreadable SQLite ``next_run_at`` (:meth:`Jobs.repair_next_run_at`)."""

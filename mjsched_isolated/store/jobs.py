@@ -156,6 +156,21 @@ class Jobs:
                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
                 .limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
+                           ) -> list[JobRow]:
+        """Due Active jobs whose occurrence must be skipped because their run is live: ``concurrency_mode``
+        Skip (not RunAll, which waits) and the job lease held by a live supervisor, oldest due first, at most
+        ``limit``. One index range on ``(status, next_run_at)`` up to ``now``, like :meth:`due_jobs`: the
+        supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12)."""
+        conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), jobs.c.next_run_at <= now,
+                 jobs.c.concurrency_mode == ConcurrencyMode.SKIP,
+                 jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL, sa.not_(lease_free(self.dialect))]
+        if exclude:
+            conds.append(jobs.c.id.not_in(sorted(exclude)))
+        query = sa.select(jobs).where(*conds).order_by(jobs.c.next_run_at, jobs.c.id).limit(limit)
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(query))
+
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
         of an ordered index walk, not a scan."""
@@ -206,15 +221,18 @@ class Jobs:
             return _job_rows(conn.execute(sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE)))
 
     def set_next_run_at(self, job_id: int, seen: dt.datetime | None, next_run_at: dt.datetime | None,
-                        now: dt.datetime, *, skipped: bool = False, status: str | None = None,
+                        now: dt.datetime, *, skipped: int = 0, missed: int = 0, status: str | None = None,
                         notices: list[OutboxRow] | None = None) -> bool:
-        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` counts a skipped
-        occurrence; ``status`` optionally changes the status too (e.g. Expired). ``notices``: outbox rows
-        written in the same transaction, only if it won. True if it won."""
+        """Compare-and-set ``next_run_at`` from ``seen`` (the value read). ``skipped`` (a count, or True for
+        one) is added to ``skipped_count``, ``missed`` to ``missed_count``; ``status`` optionally changes the
+        status too (e.g. Expired). ``notices``: outbox rows written in the same transaction, only if it won.
+        True if it won."""
         cond = jobs.c.next_run_at.is_(None) if seen is None else jobs.c.next_run_at == seen
         values: Values = {"next_run_at": next_run_at}  # scheduling progress: updated_at marks definition changes
         if skipped:
-            values["skipped_count"] = jobs.c.skipped_count + 1
+            values["skipped_count"] = jobs.c.skipped_count + int(skipped)
+        if missed:
+            values["missed_count"] = jobs.c.missed_count + int(missed)
         if status:
             values.update(status=status, updated_at=now)
         with self.engine.begin() as conn:

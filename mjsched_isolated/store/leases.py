@@ -96,7 +96,8 @@ class _Statements:
             started_at=sa.bindparam("p_started_at", type_=schema.UTCDateTime), status=RunStatus.RUNNING,
             executed_by_instance=sa.bindparam("p_instance"),
             lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
-            queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime))
+            queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime),
+            missed_count=sa.bindparam("p_missed", type_=sa.Integer))
         completed = sa.bindparam("p_completed_at", type_=schema.UTCDateTime)
         # a result lands only on the run row claimed with its token (ids alone could name another run)
         finish_values = dict(
@@ -139,7 +140,10 @@ class _Statements:
                      jobs.c.next_run_at.is_(None) if seen_is_none
                      else jobs.c.next_run_at == sa.bindparam("p_seen", type_=schema.UTCDateTime(exact=True))]
             next_run_at = sa.bindparam("p_next_run_at", type_=schema.UTCDateTime(exact=True))
-            values: dict[str, Any] = {"next_run_at": next_run_at}
+            values: dict[str, Any] = {
+                "next_run_at": next_run_at,
+                "missed_count": jobs.c.missed_count + sa.bindparam("p_missed", type_=sa.Integer),
+                "skipped_count": jobs.c.skipped_count + sa.bindparam("p_skipped", type_=sa.Integer)}
             if with_status:
                 values.update(status=sa.bindparam("p_status"),
                               updated_at=sa.bindparam("p_now", type_=schema.UTCDateTime))
@@ -164,6 +168,8 @@ class ClaimRequest(msgspec.Struct, frozen=True):
     queued_at: dt.datetime | None = None
     status: str | None = None
     only_free_lease: bool = False
+    missed: int = 0  # occurrences this claim folds (added to the job's and the run's missed_count)
+    skipped: int = 0  # occurrences it passes over because a run was live (Queue: added to skipped_count)
 
 
 class Outcome(msgspec.Struct):
@@ -258,7 +264,7 @@ class Leases:
         seen = r.job["next_run_at"]
         params: dict[str, Any] = {"p_job_id": r.job["id"], "p_seen": seen, "p_next_run_at": r.next_run_at,
                                   "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
-                                  "p_lease_s": r.lease_s}
+                                  "p_lease_s": r.lease_s, "p_missed": r.missed, "p_skipped": r.skipped}
         stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None)
         return token if conn.execute(stmt, params).rowcount == 1 else False
 
@@ -275,7 +281,7 @@ class Leases:
             key = conn.execute(self._stmts.insert_run, {
                 "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
                 "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
-                "p_queued_at": r.queued_at}).inserted_primary_key
+                "p_queued_at": r.queued_at, "p_missed": r.missed}).inserted_primary_key
             assert key is not None  # an INSERT of one row always has one
             claims.append(Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at))
         return claims

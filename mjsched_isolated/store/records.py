@@ -48,6 +48,7 @@ class JobRow(TypedDict):
     success_count: int
     failure_count: int
     skipped_count: int
+    missed_count: int
     last_duration_ms: float | None
     avg_duration_ms: float | None
     concurrency_mode: str
@@ -94,6 +95,7 @@ class _RunColumns(TypedDict):
     duration_ms: float | None
     cancel_requested_at: dt.datetime | None
     cancel_requested_by: str | None
+    missed_count: int
     cpu_s: float | None
     max_rss_mb: float | None
 

@@ -131,6 +131,8 @@ jobs = sa.Table(
     sa.Column("success_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("failure_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("skipped_count", sa.Integer, nullable=False, server_default="0"),
+    # occurrences the missed-run policy folded into a catch-up run or dropped (revision 0010)
+    sa.Column("missed_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_duration_ms", sa.Float),
     sa.Column("avg_duration_ms", sa.Float),
     sa.Column("concurrency_mode", sa.String(20), nullable=False, server_default="Skip"),
@@ -185,6 +187,8 @@ runs = sa.Table(
     # `runs cancel`: when and by whom (user@host or an actor) a cancel was asked; the holder acts on it
     sa.Column("cancel_requested_at", UTCDateTime),
     sa.Column("cancel_requested_by", sa.String(255)),
+    # a catch-up run: how many later occurrences it folded (revision 0010)
+    sa.Column("missed_count", sa.Integer, nullable=False, server_default="0"),
     # what the run used, measured by its worker (revision 0011): CPU seconds, peak resident memory in MiB
     sa.Column("cpu_s", sa.Float),
     sa.Column("max_rss_mb", sa.Float),

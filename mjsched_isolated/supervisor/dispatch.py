@@ -35,6 +35,12 @@ SCHEDULE_ERRORS = (CronError, OverflowError, ValueError)  # a schedule no date a
 UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per rescan (SQLite only)
 MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
 ADVICE_INTERVAL_S = 60.0
+LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
+
+
+def how_many(count: int) -> str:
+    """``count`` of occurrences for a log line: "1000 or more" at the counting bound."""
+    return f"{count} or more" if count >= planner.MAX_COUNTED_OCCURRENCES else str(count)
 
 
 def job_types(worker: Any) -> set[str]:
@@ -65,6 +71,8 @@ class Dispatcher:
         self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
         self._next_advice_at: dt.datetime | None = None
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
+        # job id -> its next_run_at, for the Skip jobs whose run this supervisor holds: when to skip
+        self.skip_due_at: dict[int, dt.datetime | None] = {}
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -121,15 +129,21 @@ class Dispatcher:
         # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
         free = self.pool.size - len(self.inflight) - self.unrecorded()
         del idle[max(0, free):]
-        if not idle or self.pool.last_ready is None:
+        if self.pool.last_ready is None:
             return
         # the job types of every ready worker: workers of two plugin generations may differ (a plugin added
         # while serving, a reload in progress); a run goes to a worker that has its type
         known = {p.job_type for w in self.pool.workers.values() if w is not None and w.ready is not None
                  for p in w.ready.plugins}
+        if not idle:  # every slot taken: still skip, on time, the occurrences of Skip jobs whose run is live
+            self.skip_live(now, known)
+            self._forget_passed_skip_times(now)
+            return
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
-        for job in self.store.due_jobs(now, limit=len(idle), exclude=self._excluded()):
+        limit = len(idle)
+        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded())
+        for job in due:
             if not idle:
                 break
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
@@ -142,12 +156,37 @@ class Dispatcher:
                 idle.remove(worker)
                 to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
+        if len(due) == limit:  # more may be due than this poll could look at: the live Skip ones too
+            self.skip_live(now, known)
+        self._forget_passed_skip_times(now)
+
+    def _forget_passed_skip_times(self, now: dt.datetime) -> None:
+        """A time in :attr:`skip_due_at` still passed after the poll was not skipped here (another supervisor
+        moved the job, it expired, a catch-up was deferred): unknown now, not a wake-up time to spin on."""
+        for job_id, at in self.skip_due_at.items():
+            if at is not None and at <= now:
+                self.skip_due_at[job_id] = None
+
+    def skip_live(self, now: dt.datetime, known: set[str]) -> None:
+        """Skip the due occurrences of Skip jobs whose run is live (one indexed query, at most
+        :data:`LIVE_SKIP_ROWS` jobs), as a lost claim does in :meth:`_claim_batch`: counted in
+        ``skipped_count``, logged, the ``concurrency`` metric and a notice. Without it an occurrence that
+        came due while every worker was busy would run late, after the live run, as a catch-up (issue 12).
+        The missed-run policy is applied first (:meth:`_decide`), as for any due job."""
+        for job in self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded()):
+            decided, next_run_at, job = self._decide(job, known, now)
+            if decided and job["next_run_at"] is not None:
+                self._skip_live_one(job, job["next_run_at"], next_run_at, now)
 
     def next_due_at(self) -> dt.datetime | None:
-        """When the loop must look again for due jobs (None: no idle worker, so a result wakes it). Jobs
+        """When the loop must look again for due jobs. With no idle worker, the next occurrence of a Skip job
+        whose run this supervisor holds (to skip it on time), else None (a result wakes the loop). Jobs
         waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
-        if not self.pool.idle_workers():
-            return None
+        if not self.pool.idle_workers():  # the next occurrence of a Skip job of ours whose run is live
+            live = {f.job_id for f in self.inflight.values()}
+            for job_id in [j for j in self.skip_due_at if j not in live]:
+                del self.skip_due_at[job_id]
+            return min((at for at in self.skip_due_at.values() if at is not None), default=None)
         return self.store.next_due_at(self._excluded() | self.waiting_for_worker)
 
     def _excluded(self) -> set[int]:
@@ -165,8 +204,9 @@ class Dispatcher:
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
-        if planner.expired(job, now):
-            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
+        if planner.expired(job, now):  # its due occurrence (before end_at) is not run: counted missed
+            if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired", missed=1):
+                self.metrics.occurrences_missed("dropped", 1)
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
                             job["name"], iso(job["end_at"]), iso(seen))
             return False, None, job
@@ -187,9 +227,14 @@ class Dispatcher:
             job = job.copy()
             job["next_run_at"] = seen
         if decision.deferred:  # a RunOnce catch-up spread by max_jitter_s (planner.decide): not a skip
-            if self.store.set_next_run_at(job["id"], seen, next_run_at, now):
-                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)", job["name"], iso(seen),
-                         iso(next_run_at), extra=log_ctx(job))
+            # the occurrences before the deferred instant are folded into that catch-up (counted now)
+            folded = planner.occurrences_between(job, seen, next_run_at) if next_run_at is not None else 0
+            if self.store.set_next_run_at(job["id"], seen, next_run_at, now, missed=folded):
+                if folded:
+                    self.metrics.occurrences_missed("folded", folded)
+                log.info("job %s: catch-up of occurrence %s delayed to %s (max_jitter_s)%s", job["name"], iso(seen),
+                         iso(next_run_at), f", folding {how_many(folded)} missed occurrences" if folded else "",
+                         extra=log_ctx(job))
             return False, None, job
         if not decision.run:
             why = (f"RunAll backlog longer than max_catchup_runs ({self.settings.max_catchup_runs}) or older "
@@ -217,12 +262,19 @@ class Dispatcher:
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
                     and job["missed_run_policy"] != "RunAll"):
-                holder = job.get("locked_by_instance")  # as read by the poll, just before the claim
-                self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                           "a run is still live (concurrency_mode Skip)" if holder is None else
-                           f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
-                           "live, or that supervisor died and its liveness lease has not lapsed yet")
+                self._skip_live_one(job, seen, next_run_at, now)
         return sum(f is not None for f in flights)
+
+    def _skip_live_one(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None,
+                       now: dt.datetime) -> None:
+        """Skip occurrence ``seen`` of a Skip job because its lease is held (a run is live)."""
+        holder = job.get("locked_by_instance")  # as read by the poll
+        if (self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
+                       "a run is still live (concurrency_mode Skip)" if holder is None else
+                       f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
+                       "live, or that supervisor died and its liveness lease has not lapsed yet")
+                and job["id"] in self.skip_due_at):
+            self.skip_due_at[job["id"]] = next_run_at
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
               metric: str, event: str, why: str) -> bool:
@@ -230,10 +282,21 @@ class Dispatcher:
         when another supervisor moved the job first."""
         rows = notices.outbox_rows(notices.for_skip(job, seen, event=event, reason=why),
                                    self.settings.notifications.channels())
-        if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=True, notices=rows):
+        try:  # the occurrences between seen and next_run_at are passed over with it (issue 12's accounting)
+            extra = planner.occurrences_between(job, seen, next_run_at)
+        except SCHEDULE_ERRORS:
+            extra = 0
+        by_concurrency = metric == "concurrency"  # else by the missed-run policy: the others are "missed"
+        if self.store.set_next_run_at(job["id"], seen, next_run_at, now, skipped=1 + extra if by_concurrency else 1,
+                                      missed=0 if by_concurrency else extra, notices=rows):
             self.wake_sender()
-            self.metrics.occurrence_skipped(metric)
-            log.warning("job %s: occurrence %s skipped: %s", job["name"], iso(seen), why, extra=log_ctx(job))
+            self.metrics.occurrence_skipped(metric, 1 + extra if by_concurrency else 1)
+            if extra and not by_concurrency:
+                self.metrics.occurrences_missed("dropped", extra)
+            more = (f" (with the {how_many(extra)} later occurrence{'s' * (extra != 1)} before {iso(next_run_at)}, "
+                    f"counted as {'skipped' if by_concurrency else 'missed'})" if extra and next_run_at is not None
+                    else "")
+            log.warning("job %s: occurrence %s skipped%s: %s", job["name"], iso(seen), more, why, extra=log_ctx(job))
             return True
         return False
 
@@ -255,24 +318,37 @@ class Dispatcher:
         requests, timeouts = [], []
         for job, next_run_at, _, scheduled_at in items:
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+            queued_at = planner.queued_at(job, scheduled_at)
+            passed = planner.occurrences_between(job, scheduled_at, next_run_at) if scheduled_at else 0
+            # a Queue run that waited passes over what came due while the live run went on (Queue keeps one
+            # occurrence waiting): skipped by concurrency; otherwise folded by the missed-run policy
             timeouts.append(timeout_s)
             requests.append(ClaimRequest(
                 # the job lease outlives the deadline by one TTL: time for this supervisor to kill and record
                 job, next_run_at, lease_s=timeout_s + self.settings.lease_ttl_s,
                 deadline_at=now + dt.timedelta(seconds=timeout_s),
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
-                queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
-                status="Expired" if next_run_at is None and scheduled_at is not None else None))
+                queued_at=queued_at, only_free_lease=holding,
+                status="Expired" if next_run_at is None and scheduled_at is not None else None,
+                missed=0 if queued_at else passed, skipped=passed if queued_at else 0))
         claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
-        for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
-                                                                             strict=True):
+        for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
+                                                                                       claims, strict=True):
             flights.append(None if claim is None else
-                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now))
+                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
+                                           request.missed))
+            if claim is not None and request.skipped:
+                self.metrics.occurrence_skipped("concurrency", request.skipped)
+                log.warning("job %s: %s occurrence%s after %s skipped: they came due while its run was live "
+                            "(concurrency_mode Queue keeps one waiting)", job["name"], how_many(request.skipped),
+                            "s" * (request.skipped != 1), iso(scheduled_at), extra=log_ctx(job))
+            if claim is not None and job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
+                self.skip_due_at[job["id"]] = next_run_at  # its next occurrence is skipped if the run is live
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
-                   timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
+                   timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.recorded_start = started_at = claim.started_at or now
@@ -287,10 +363,13 @@ class Dispatcher:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
         self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
+        if missed:
+            self.metrics.occurrences_missed("folded", missed)
         if log.isEnabledFor(logging.INFO):
-            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
+            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s%s", claim.run_id, job["name"],
                      job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                     iso(deadline), extra=log_ctx(flight))
+                     iso(deadline), f", catching up {how_many(missed)} missed occurrence{'s' * (missed != 1)}" if missed
+                     else "", extra=log_ctx(flight))
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------

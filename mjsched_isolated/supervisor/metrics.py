@@ -63,8 +63,13 @@ class Metrics:
     def run_killed(self, reason: str) -> None:
         """A run's process tree was killed; ``reason`` is one of :data:`KILL_REASONS`."""
 
-    def occurrence_skipped(self, reason: str) -> None:
-        """A due occurrence was not run (``missed``, ``backlog``, ``concurrency``, ``job_type_unavailable``)."""
+    def occurrence_skipped(self, reason: str, count: int = 1) -> None:
+        """``count`` due occurrences were not run (``missed``, ``backlog``, ``concurrency``,
+        ``job_type_unavailable``), counted in the job's ``skipped_count``."""
+
+    def occurrences_missed(self, how: str, count: int) -> None:
+        """``count`` occurrences the missed-run policy ``folded`` into a catch-up run or ``dropped``
+        (counted in the job's ``missed_count``)."""
 
     def worker_respawned(self) -> None:
         """The pool started a new child in a vacated slot."""
@@ -110,6 +115,10 @@ class PrometheusMetrics(Metrics):
         for reason in KILL_REASONS:
             self.kills.labels(reason)
         self.skipped = Counter("mjsched_occurrences_skipped", "due occurrences not run", ["reason"], registry=r)
+        self.missed = Counter("mjsched_occurrences_missed", "occurrences the missed-run policy folded into a "
+                              "catch-up run or dropped", ["how"], registry=r)
+        for how in ("folded", "dropped"):
+            self.missed.labels(how)
         self.respawns = Counter("mjsched_worker_respawns", "worker children started in vacated slots", registry=r)
         self.renewal_failures = Counter("mjsched_lease_renewal_failures", "failed liveness-lease renewals",
                                         registry=r)
@@ -136,8 +145,11 @@ class PrometheusMetrics(Metrics):
     def run_killed(self, reason: str) -> None:
         self.kills.labels(reason).inc()
 
-    def occurrence_skipped(self, reason: str) -> None:
-        self.skipped.labels(reason).inc()
+    def occurrence_skipped(self, reason: str, count: int = 1) -> None:
+        self.skipped.labels(reason).inc(count)
+
+    def occurrences_missed(self, how: str, count: int) -> None:
+        self.missed.labels(how).inc(count)
 
     def worker_respawned(self) -> None:
         self.respawns.inc()

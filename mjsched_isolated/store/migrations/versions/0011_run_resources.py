@@ -1,7 +1,7 @@
 """runs.cpu_s and runs.max_rss_mb: the CPU time and peak memory a run used, measured by its worker
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-02
 
 Both nullable: runs recorded before this revision, and runs that were killed, have none.
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
