@@ -304,7 +304,10 @@ def test_queue_mode_runs_the_pending_occurrence_when_the_live_run_ends(mem_store
     runs = _ordered(store, "q")
     assert runs[1]["scheduled_at"] == waiting and runs[1]["queued_at"] == waiting
     assert runs[0]["status"] == "Completed" and runs[0]["completed_at"] <= runs[1]["started_at"]
-    assert store.get_job("q")["skipped_count"] == 0
+    # Queue waits for one occurrence; a later one that came due meanwhile (a slow machine) is dropped and
+    # counted: as many as whole seconds passed between the waiting occurrence and the claim
+    later = int((runs[1]["started_at"] - waiting).total_seconds())
+    assert store.get_job("q")["skipped_count"] in {max(0, later - 1), later}
 
 
 def test_orphaned_run_of_a_dead_supervisor_is_abandoned(mem_store, fake_factory):
