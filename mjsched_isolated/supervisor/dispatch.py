@@ -165,6 +165,11 @@ class Dispatcher:
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
+        if planner.pending_retry(job):  # a retry of an occurrence that already came due: no policy applies
+            if job["job_type"] not in known:
+                self.unrunnable[job["id"]] = job["job_type"]
+                return False, None, job
+            return True, job["retry_next_run_at"], job
         if planner.expired(job, now):
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired"):
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
@@ -211,11 +216,12 @@ class Dispatcher:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
         the won ones over; a lost claim of a Skip job skips its occurrence (a run is still live), of a Queue
         job (or a RunAll catch-up) leaves it waiting for the live run to end. Returns how many were won."""
-        flights = self._claim_many([(job, next_run_at, worker, job["next_run_at"]) for job, next_run_at, worker
-                                    in to_run], now)
+        flights = self._claim_many([(job, next_run_at, worker, job["retry_scheduled_at"] if planner.pending_retry(job)
+                                     else job["next_run_at"]) for job, next_run_at, worker in to_run], now)
         for (job, next_run_at, _), flight in zip(to_run, flights, strict=True):
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
+                    and not planner.pending_retry(job)  # a retry waits for the live run, never skipped
                     and job["missed_run_policy"] != "RunAll"):
                 holder = job.get("locked_by_instance")  # as read by the poll, just before the claim
                 self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
@@ -254,6 +260,7 @@ class Dispatcher:
         holding = self.clock.holding_takeovers(now)
         requests, timeouts = [], []
         for job, next_run_at, _, scheduled_at in items:
+            retry = scheduled_at is not None and planner.pending_retry(job)
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
             timeouts.append(timeout_s)
             requests.append(ClaimRequest(
@@ -261,20 +268,23 @@ class Dispatcher:
                 job, next_run_at, lease_s=timeout_s + self.settings.lease_ttl_s,
                 deadline_at=now + dt.timedelta(seconds=timeout_s),
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
-                queued_at=planner.queued_at(job, scheduled_at), only_free_lease=holding,
-                status="Expired" if next_run_at is None and scheduled_at is not None else None))
+                queued_at=None if retry else planner.queued_at(job, scheduled_at), only_free_lease=holding,
+                status="Expired" if next_run_at is None and scheduled_at is not None else None,
+                attempt=(job["retry_attempt"] or 1) if retry else 1, retry=retry))
         claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, _, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts, claims,
                                                                              strict=True):
             flights.append(None if claim is None else
-                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now))
+                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
+                                           request.attempt))
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
-                   timeout_s: float, claim: Claim, now: dt.datetime) -> InFlight:
+                   timeout_s: float, claim: Claim, now: dt.datetime, attempt: int = 1) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
+        flight.attempt = attempt
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
@@ -288,9 +298,9 @@ class Dispatcher:
                         claim.run_id, extra=log_ctx(flight))
         self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
         if log.isEnabledFor(logging.INFO):
-            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s", claim.run_id, job["name"],
-                     job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                     iso(deadline), extra=log_ctx(flight))
+            log.info("run %d started: job %s (%s) for %s%s on worker %d, deadline %s", claim.run_id, job["name"],
+                     job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request",
+                     f" (attempt {attempt})" if attempt > 1 else "", worker.pid, iso(deadline), extra=log_ctx(flight))
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------

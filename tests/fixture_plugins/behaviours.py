@@ -286,3 +286,25 @@ class LeaveBehind(BaseScheduledJob):
              "'import time; time.sleep(100000)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, "
              "process_group=0); print(p.pid)"], capture_output=True, text=True, check=True)
         return ScheduledJobResult(success=True, details={"pids": [child.pid, int(daemon.stdout), int(grouped.stdout)]})
+
+
+class FlakyConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    counter_dir: str
+    fail_times: int = 2
+
+
+class Flaky(BaseScheduledJob):
+    """Fails its first ``fail_times`` runs, then succeeds: counts its runs in ``<counter_dir>/<job>.count``
+    (one line per run: the wall-clock time it began and the run id)."""
+
+    job_type = "flaky"
+    configuration_type = FlakyConfig
+
+    def execute(self, context):
+        path = Path(context.configuration.counter_dir, f"{context.job_name}.count")
+        with path.open("a") as f:
+            f.write(f"{time.time()} {context.run_id}\n")
+        runs = len(path.read_text().splitlines())
+        if runs <= context.configuration.fail_times:
+            return ScheduledJobResult(success=False, error_message=f"flaky failure {runs}")
+        return ScheduledJobResult(success=True, details={"runs": runs})
