@@ -278,7 +278,9 @@ RETRY_ON_DEFAULT = ("Failed", "Timeout")
 """The run statuses that retry when a job does not say (``retry_on``): a failure (a plugin's error, a worker
 crash) and a deadline kill. A Cancelled run is retried only when asked (Celery's ``autoretry_for``,
 Temporal's ``RetryPolicy.non_retryable_error_types``: the default retries errors, never a cancellation)."""
-RETRY_ON_CHOICES = ("Failed", "Timeout", "Cancelled")
+RETRY_ON_CHOICES = ("Failed", "Timeout", "Cancelled", "Fenced")
+"""``Fenced``: a run killed because its supervisor lost the job lease or its liveness lease (recorded
+Failed, retried only when listed: another supervisor may hold the job by then)."""
 
 
 def retry_on(job: Row) -> tuple[str, ...]:
@@ -315,10 +317,11 @@ def retry_delay_s(job: Row, attempt: int, scheduled_at: dt.datetime) -> float:
 
 def retry_at(job: Row, *, attempt: int, status: str, scheduled_at: dt.datetime | None,
              ended_at: dt.datetime) -> dt.datetime | None:
-    """When attempt ``attempt`` of occurrence ``scheduled_at``, which ended ``status`` at ``ended_at``, is
-    retried; None when it is not (its failure is final): a manual run (no ``scheduled_at``), a status not
-    in :func:`retry_on` (Completed never), or ``max_retries`` used up (attempt ``max_retries + 1`` is the
-    last). Pure: the caller writes the result with the run's outcome, in one transaction."""
+    """When attempt ``attempt`` of occurrence ``scheduled_at``, which ended ``status`` (a run status, or
+    ``Fenced``) at ``ended_at``, is retried; None when it is not (its failure is final): a manual run (no
+    ``scheduled_at``), a status not in :func:`retry_on` (Completed never), or ``max_retries`` used up
+    (attempt ``max_retries + 1`` is the last). Pure: the caller writes the result with the run's outcome,
+    in one transaction."""
     max_retries = job.get("max_retries") or 0
     if scheduled_at is None or max_retries <= 0 or attempt > max_retries or status not in retry_on(job):
         return None

@@ -9,6 +9,7 @@ import datetime as dt
 import json
 
 import pytest
+import sqlalchemy as sa
 from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
 
@@ -148,6 +149,23 @@ def test_a_crashed_worker_and_a_timeout_retry_a_cancelled_run_does_not(mem_store
     assert [r["attempt"] for r in runs_of(store, "crashy")] == [1, 2]
     assert [r["attempt"] for r in runs_of(store, "slow")] == [1, 2]
     assert runs_of(store, "crashy")[1]["status"] == "Completed"
+
+
+def test_a_fenced_run_is_not_retried_unless_asked(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(**LONG, max_concurrent_jobs=2)
+    d.pool.hold()
+    add_job(store, "fenced", "ok", YEARLY, max_retries=2)
+    add_job(store, "asked", "ok", YEARLY, max_retries=2, retry_on="Fenced")
+    at = d.timeline()
+    at(0)
+    with store.engine.begin() as conn:  # another holder took both leases: the runs are fenced at a renewal
+        conn.execute(sa.text("UPDATE jobs SET lock_token = 'theirs'"))
+    d.supervisor.guard.fence_unheld(at(0.2))
+    for name in ("fenced", "asked"):
+        assert runs_of(store, name)[0]["error_message"].startswith("fenced: run killed because")
+    assert store.get_job("fenced")["retry_attempt"] is None
+    assert store.get_job("asked")["retry_attempt"] == 2
 
 
 def test_the_retry_survives_its_supervisor_another_one_picks_it_up(mem_store, fake_factory):
