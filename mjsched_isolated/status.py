@@ -18,7 +18,8 @@ MANUAL_INSTANCE_PREFIX = "jobs-run-"  # the instance prefix of `jobs run`'s supe
 HIDE_SUPERVISORS_AFTER_S = 3600.0  # supervisors stopped or expired longer ago than this are not listed
 LIMIT = 10
 
-SUPERVISOR_COLUMNS = ["instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at", "alive"]
+SUPERVISOR_COLUMNS = ["instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at", "alive",
+                      "max_concurrent_jobs", "version"]
 IN_FLIGHT_COLUMNS = ["id", "job_name", "job_type", "supervisor", "started_at", "deadline_at", "running_for_s",
                      "cancel_requested_by"]
 NEXT_DUE_COLUMNS = ["name", "next_run_at", "cron_expression", "timezone"]

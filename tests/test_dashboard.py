@@ -410,3 +410,17 @@ def test_failed_logins_from_one_address_are_throttled(make_client, store):
         throttle.failed("10.0.0.1", float(t))
     assert throttle.locked("10.0.0.1", 10.0) and not throttle.locked("10.0.0.2", 10.0)
     assert not throttle.locked("10.0.0.1", LOGIN_WINDOW_S + 0.5)
+
+
+def test_supervisors_show_their_cap_and_version(make_client, store):
+    """A supervisor writes its worker cap and version when it registers; the overview shows both."""
+    from mjsched_isolated import __version__
+    from mjsched_isolated.supervisor.liveness import Liveness
+
+    liveness = Liveness(store, "sup-cap-7", 30.0, 10.0, lambda: dt.datetime.now(dt.UTC), max_concurrent_jobs=7)
+    liveness.maintain(0.0)
+    assert liveness.registered
+    [row] = [s for s in make_client().get("/api/overview").json()["supervisors"] if s["instance"] == "sup-cap-7"]
+    assert (row["max_concurrent_jobs"], row["version"], row["alive"]) == (7, __version__, True)
+    page = make_client().get("/").text
+    assert "<th>cap</th><th>version</th>" in page and f"<td>7</td><td>{__version__}</td>" in page

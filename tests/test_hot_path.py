@@ -131,8 +131,8 @@ class SlowStore(Store):
         time.sleep(self.delay_s)  # latency of the answer, not synchronisation
         return db_now
 
-    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float):
-        db_now = super().register_supervisor(instance, hostname, pid, ttl_s)
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, **labels):
+        db_now = super().register_supervisor(instance, hostname, pid, ttl_s, **labels)
         time.sleep(self.delay_s)
         return db_now
 
@@ -211,3 +211,15 @@ def test_the_unreadable_next_run_at_sweep_reads_a_few_ids_per_rescan_and_covers_
         assert ("job j6: its next_run_at could not be read" in caplog.text) == (step == 3)
     assert store.get_job("j1")["next_run_at"] is not None and store.get_job("j6")["next_run_at"] is not None
     assert seen.committed  # the repairs were written
+
+
+def test_active_schedules_are_counted_without_reading_every_job(any_store):
+    store = any_store
+    later = utcnow() + dt.timedelta(days=1)
+    for i in range(3):
+        add_job(store, f"m{i}", "ok", "* * * * *", next_run_at=later)
+    add_job(store, "h", "ok", "0 * * * *", next_run_at=later)
+    add_job(store, "paused", "ok", "* * * * *", next_run_at=later)
+    store.update_job("paused", {"status": "Paused"}, utcnow())
+    assert sorted(store.active_schedules()) == [("* * * * *", "UTC", 3), ("0 * * * *", "UTC", 1)]
+    assert store.active_job_names("* * * * *", "UTC", 2) == ["m0", "m1"]

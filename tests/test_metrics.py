@@ -76,7 +76,9 @@ def test_metrics_count_runs_latency_durations_kills_and_health(store, db_url, se
     assert value(first, "mjsched_worker_respawns_total") >= 1  # the killed worker's slot was refilled
     assert value(first, "mjsched_dispatch_latency_seconds_count") >= 2
     assert value(first, "mjsched_run_duration_seconds_count", job_type="sleep") == 1
-    assert value(first, "mjsched_run_duration_seconds_sum", job_type="sleep") >= 0.5  # killed at its deadline
+    # killed at its 0.5 s deadline, which counts from the poll that claimed it; the recorded duration counts
+    # from the claim's own database time, a few milliseconds later (more under load)
+    assert value(first, "mjsched_run_duration_seconds_sum", job_type="sleep") >= 0.4
     assert value(first, "mjsched_run_duration_seconds_count", job_type="ok") >= 1
     assert value(first, "mjsched_up") == 1
     assert 0 <= value(first, "mjsched_runs_in_flight") <= 2

@@ -38,6 +38,7 @@ RETRY_JOB_COLUMNS = {"max_retries", "retry_backoff_s", "retry_backoff_factor", "
                      "retry_max_jitter_s", "retry_on", "retry_at", "retry_attempt", "retry_scheduled_at",
                      "retry_next_run_at", "pause_after_failures", "consecutive_failures", "paused_reason"}
 LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
+NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0009
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -155,6 +156,8 @@ def without_0002(reflected: dict) -> dict:
                                                if k not in NEW_RUN_COLUMNS | {"attempt"}},
                    "indexes": sorted(before_0008(i) for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"),
                    "uniques": sorted(before_0008(u) for u in out["runs"]["uniques"])}
+    out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
+                                                             if k not in NEW_SUPERVISOR_COLUMNS}}
     return out
 
 

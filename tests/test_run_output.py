@@ -150,6 +150,26 @@ class Writer(BaseScheduledJob[Config]):
         return ScheduledJobResult(success=True)
 
 
+class FloodWaitConfig(msgspec.Struct, kw_only=True):
+    written: str
+    release: str
+
+
+class FloodWait(BaseScheduledJob[FloodWaitConfig]):
+    """Overflows the bound, writes a last line, then waits (as a hung run would) until released."""
+    job_type = "flood_wait"
+
+    def execute(self, context):
+        for _ in range(200):
+            os.write(1, b"z" * 1023 + b"\\n")
+        os.write(1, b"LAST LINE before the hang\\n")
+        Path(context.configuration.written).touch()
+        give_up = time.monotonic() + 20
+        while not Path(context.configuration.release).exists() and time.monotonic() < give_up:
+            time.sleep(0.02)
+        return ScheduledJobResult(success=True)
+
+
 class Quiet(BaseScheduledJob):
     job_type = "quiet"
 
@@ -262,3 +282,34 @@ def test_plugin_reload_requests_grow_and_keep_one_row(any_store):
     assert second["requested_by"] == "host-2" and second["requested_at"].tzinfo is not None
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(schema.plugin_reloads)).scalar_one() == 1
+
+
+@pytest.mark.timeout(40)
+def test_sigterm_before_a_deadline_kill_sends_the_output_so_far_tail_included(writer_plugins, tmp_path):
+    """At a deadline the supervisor sends SIGTERM, then SIGKILL after kill_grace_s: the worker sends what the
+    run wrote so far on SIGTERM (its tail is otherwise held until the run ends), and nothing twice."""
+    import json
+    import os
+    import signal
+
+    from waiting import wait_until
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    written, release = tmp_path / "written", tmp_path / "release"
+    with OneWorker(writer_plugins) as one:
+        one.pool.max_run_output_bytes = 64 * 1024
+        one.pool.kill(one.worker)
+        one.ready = one._until(lambda m: isinstance(m, protocol.Ready))[-1]
+        request = protocol.RunRequest(run_id=7, job_id=1, job_name="t", job_type="flood_wait", configuration=json.dumps(
+            {"written": str(written), "release": str(release)}))
+        one.pool.submit(one.worker, request)
+        wait_until(written.exists, 15, "the plugin wrote its output")
+        os.kill(one.worker.pid, signal.SIGTERM)
+        before = one._until(lambda m: isinstance(m, protocol.RunOutput) and "LAST LINE" in m.text)
+        release.touch()
+        after = one._until(lambda m: isinstance(m, protocol.RunFinished))
+    text = "".join(m.text for m in before + after if isinstance(m, protocol.RunOutput))
+    assert text.count("LAST LINE before the hang") == 1 and "bytes of output left out" in text
+    assert after[-1].success

@@ -842,7 +842,7 @@ def test_list_supervisors_newest_heartbeat_first(any_store):
     listed = store.list_supervisors()
     assert [s["instance"] for s in listed] == ["a:1", "b:2"]
     assert set(listed[0]) == {"instance", "hostname", "pid", "started_at", "heartbeat_at", "lease_expires_at",
-                              "stopped_at"}
+                              "stopped_at", "max_concurrent_jobs", "version"}
 
 
 # -- held_runs -----------------------------------------------------------------------------------------

@@ -140,6 +140,14 @@ class Store:
         """Active jobs without a next_run_at (:meth:`Jobs.unscheduled_active_jobs`)."""
         return self.jobs.unscheduled_active_jobs()
 
+    def active_schedules(self) -> list[tuple[str, str, int]]:
+        """(cron, zone, count) per schedule of the Active jobs (:meth:`Jobs.active_schedules`)."""
+        return self.jobs.active_schedules()
+
+    def active_job_names(self, cron_expression: str, timezone: str, limit: int) -> list[str]:
+        """The first names of the Active jobs with a schedule (:meth:`Jobs.active_job_names`)."""
+        return self.jobs.active_job_names(cron_expression, timezone, limit)
+
     def active_jobs(self) -> list[JobRow]:
         """Every Active job (:meth:`Jobs.active_jobs`)."""
         return self.jobs.active_jobs()
@@ -224,9 +232,11 @@ class Store:
         return self.leases.abandon_orphaned_runs(exclude_run_ids, notices_for)
 
     # -- supervisors (:mod:`.supervisors`) ---------------------------------------------------------
-    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,
+                            max_concurrent_jobs: int | None = None, version: str | None = None) -> dt.datetime:
         """Insert or reset ``instance``'s liveness row (:meth:`Supervisors.register_supervisor`)."""
-        return self.supervisors.register_supervisor(instance, hostname, pid, ttl_s)
+        return self.supervisors.register_supervisor(instance, hostname, pid, ttl_s,
+                                                    max_concurrent_jobs=max_concurrent_jobs, version=version)
 
     def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""

@@ -164,6 +164,8 @@ class SupervisorRow(TypedDict):
     heartbeat_at: dt.datetime
     lease_expires_at: dt.datetime
     stopped_at: dt.datetime | None
+    max_concurrent_jobs: int | None
+    version: str | None
 
 
 class SupervisorStatus(SupervisorRow):

@@ -223,6 +223,8 @@ supervisors = sa.Table(
     # the liveness lease: every lease and run this supervisor holds is live only while this is in the future
     sa.Column("lease_expires_at", UTCDateTime, nullable=False),
     sa.Column("stopped_at", UTCDateTime),
+    sa.Column("max_concurrent_jobs", sa.Integer),  # its worker cap (None: a row written before 0009)
+    sa.Column("version", sa.String(40)),  # the mjsched_isolated version it runs
 )
 
 NOTIFICATION_EVENTS = values(NotificationEvent)

@@ -29,16 +29,20 @@ class Supervisors:
         return conn.execute(sa.select(supervisors.c.heartbeat_at).where(
             supervisors.c.instance == instance)).scalar_one()
 
-    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float) -> dt.datetime:
+    def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,
+                            max_concurrent_jobs: int | None = None, version: str | None = None) -> dt.datetime:
         """Insert (or reset) ``instance``'s row with a lease of ``ttl_s`` seconds, deleting rows of
-        supervisors dead for :data:`SUPERVISOR_ROW_RETENTION_S`. Returns the DB time."""
+        supervisors dead for :data:`SUPERVISOR_ROW_RETENTION_S`; ``max_concurrent_jobs`` (its worker cap)
+        and ``version`` are labels for ``status`` and the dashboard. Returns the DB time."""
         now_expr, until = schema.db_now(self.dialect), schema.db_now_plus(self.dialect, ttl_s)
         stale = schema.db_now_plus(self.dialect, -SUPERVISOR_ROW_RETENTION_S)
         with self.engine.begin() as conn:
             conn.execute(supervisors.delete().where(sa.or_(supervisors.c.instance == instance,
                                                            supervisors.c.lease_expires_at < stale)))
             conn.execute(supervisors.insert().values(instance=instance, hostname=hostname, pid=pid, started_at=now_expr,
-                                                     heartbeat_at=now_expr, lease_expires_at=until))
+                                                     heartbeat_at=now_expr, lease_expires_at=until,
+                                                     max_concurrent_jobs=max_concurrent_jobs,
+                                                     version=None if version is None else version[:40]))
             return self._heartbeat_at(conn, instance)
 
     def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:

@@ -34,26 +34,33 @@ class Advice:
         if signature == self._active_signature:
             return signature[0]
         self._active_signature = signature
-        offenders, intervals = [], {}
-        for job in self.store.active_jobs():
-            key = (job["cron_expression"], job["timezone"])
-            if key not in intervals:
-                try:
-                    intervals[key] = planner.high_frequency_interval_s(job, now)
-                except CronError:
-                    intervals[key] = None
-            interval = intervals[key]
+        offending: list[tuple[float, str, str, int]] = []  # (interval, cron, zone, jobs) per schedule
+        for expr, zone, count in self.store.active_schedules():
+            try:
+                interval = planner.high_frequency_interval_s({"cron_expression": expr, "timezone": zone}, now)
+            except CronError:
+                interval = None
             if interval is not None:
-                offenders.append((interval, job["name"], job["cron_expression"], job["timezone"]))
-        offenders.sort()
-        if offenders and offenders != list(self._high_frequency_warned):
-            shortest = "; ".join(f"{name}: '{expr}' ({zone}) every {planner.human_interval(interval)}"
-                                 for interval, name, expr, zone in offenders[:SHORTEST_LISTED])
-            more = len(offenders) - SHORTEST_LISTED
+                offending.append((interval, expr, zone, count))
+        offending.sort()
+        shortest: list[tuple[float, str, str, str]] = []  # (interval, name, cron, zone), the first few
+        for interval, expr, zone, _ in offending:
+            if len(shortest) >= SHORTEST_LISTED and interval > shortest[SHORTEST_LISTED - 1][0]:
+                break
+            shortest += [(interval, name, expr, zone)
+                         for name in self.store.active_job_names(expr, zone, SHORTEST_LISTED)]
+            shortest.sort()
+        shortest = shortest[:SHORTEST_LISTED]
+        total = sum(count for *_, count in offending)
+        state = (tuple(offending), tuple(shortest))
+        if offending and state != self._high_frequency_warned:
+            listed = "; ".join(f"{name}: '{expr}' ({zone}) every {planner.human_interval(interval)}"
+                               for interval, name, expr, zone in shortest)
+            more = total - len(shortest)
             log.warning("%d job(s) fire more often than every 5 minutes (they still run as configured; this is "
-                        "advice, not a block). Shortest intervals: %s%s", len(offenders), shortest,
+                        "advice, not a block). Shortest intervals: %s%s", total, listed,
                         f"; and {more} more" if more > 0 else "")
-        self._high_frequency_warned = tuple(offenders)
+        self._high_frequency_warned = state
         return signature[0]
 
     def log_plugins(self, ready: protocol.Ready) -> None:

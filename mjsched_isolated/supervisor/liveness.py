@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mjsched_isolated._version import __version__
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor.trouble import Trouble, is_read_only_error
@@ -43,8 +44,9 @@ class Liveness:
     wall time (aware UTC); it is the outer loop's clock, injected so tests can skew it."""
 
     def __init__(self, store: Store, instance: str, ttl_s: float, renew_interval_s: float,
-                 local_clock: Callable[[], dt.datetime]) -> None:
+                 local_clock: Callable[[], dt.datetime], max_concurrent_jobs: int | None = None) -> None:
         self.store = store
+        self.max_concurrent_jobs = max_concurrent_jobs  # written on the row at registration (status, dashboard)
         self.instance = instance
         self.ttl_s = ttl_s
         self.renew_interval_s = renew_interval_s
@@ -80,7 +82,9 @@ class Liveness:
             else:
                 db_now = None
             if db_now is None:
-                db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s)
+                db_now = self.store.register_supervisor(self.instance, socket.gethostname(), os.getpid(), self.ttl_s,
+                                                        max_concurrent_jobs=self.max_concurrent_jobs,
+                                                        version=__version__)
                 self.registered = True
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
             reason = _short(exc)

@@ -59,7 +59,7 @@ class Supervisor:
         self.clock = Clock(settings.clock_skew_s,
                            hold_s=settings.lease_renew_interval_s + settings.rescan_interval_s + 1.0)
         self.liveness = Liveness(store, settings.instance, settings.lease_ttl_s, settings.lease_renew_interval_s,
-                                 self.clock.local_now)
+                                 self.clock.local_now, max_concurrent_jobs=pool.size)
         self.liveness.on_renewal = self.metrics.lease_renewal
         self.renewer: Renewer | None = None  # serve's renewal thread; None: renewed inline by keep_lease
         self._renewals_seen = 0

@@ -57,7 +57,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
     sender = PipeSender(conn)
-    capture = OutputCapture(sender.send, max_run_output_bytes)
+    global _capture
+    capture = _capture = OutputCapture(sender.send, max_run_output_bytes)
     capture.install()  # after the watchdog's fork: it keeps the real stderr
     logs.configure(log_level, log_format, worker_pid=os.getpid())
     capture.route_logging()
@@ -137,5 +138,11 @@ class PipeSender:
             protocol.send(self._conn, message)
 
 
+_capture: OutputCapture | None = None  # for the SIGTERM handler
+
+
 def _ignore_signal(_signum: int, _frame: object) -> None:
-    """SIGTERM in a worker: nothing to do (the supervisor decides; it kills with SIGKILL)."""
+    """SIGTERM in a worker: the run goes on (the supervisor decides; at a deadline it sends SIGTERM, then
+    SIGKILL after ``kill_grace_s``), but what the run wrote so far is sent now, so a killed run keeps it."""
+    if _capture is not None:
+        _capture.flush_now()

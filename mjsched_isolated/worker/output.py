@@ -81,9 +81,17 @@ class _RunBuffer:
         self.pending, self.pending_bytes = [], 0
         return text
 
-    def finish(self, max_bytes: int) -> str:
+    def snapshot(self, max_bytes: int) -> str:
+        """Everything not sent yet, now (the worker got SIGTERM: it may be killed within ``kill_grace_s``):
+        as :meth:`finish`, and the tail starts anew, so nothing is sent twice."""
+        text = self.finish(max_bytes, final=False)
+        self.tail.clear()
+        self.tail_bytes = self.omitted = 0
+        return text
+
+    def finish(self, max_bytes: int, final: bool = True) -> str:
         """What is left to send when the run ends: the unsent head, the marker, the tail."""
-        text = self.take_pending() + self.decoder.decode(b"", final=True)
+        text = self.take_pending() + (self.decoder.decode(b"", final=True) if final else "")
         tail = b"".join(self.tail)
         if len(tail) > self.tail_limit:
             self.omitted += len(tail) - self.tail_limit
@@ -172,6 +180,15 @@ class OutputCapture:
         self._ended.wait(timeout_s)
         return run.total
 
+    def flush_now(self) -> None:
+        """Ask the reader to send everything the current run wrote so far, tail included (safe in a signal
+        handler: one ``write``). The worker calls it on SIGTERM, which precedes a kill at the deadline, so a
+        killed run keeps its last output."""
+        try:
+            os.write(self._control_w, b"f")
+        except OSError:
+            pass
+
     # -- the reader thread ------------------------------------------------------------------------------
     def _read_loop(self, control_r: int) -> None:
         while True:
@@ -184,8 +201,15 @@ class OutputCapture:
                     return
                 self._take(data)
             if control_r in ready:
-                os.read(control_r, 1)
-                self._finish_run()
+                if os.read(control_r, 1) == b"f":
+                    self._drain()
+                    with self._lock:
+                        run = self._run
+                        text = run.snapshot(self.max_bytes) if run is not None else ""
+                    if run is not None:
+                        self._send(run.run_id, text)
+                else:
+                    self._finish_run()
                 continue
             run = self._run
             if run is not None and run.pending and time.monotonic() >= run.flush_at:
@@ -207,19 +231,22 @@ class OutputCapture:
                 pass
 
     def _finish_run(self) -> None:
-        """Read what is already in the pipe (bounded: a process left running may write forever), then send
-        the rest of the run's output and end the run."""
+        """Read what is already in the pipe, then send the rest of the run's output and end the run."""
+        self._drain()
+        with self._lock:
+            run, self._run = self._run, None
+        if run is not None:
+            self._send(run.run_id, run.finish(self.max_bytes))
+        self._ended.set()
+
+    def _drain(self) -> None:
+        """Read what is already in the pipe (bounded: a process left running may write forever)."""
         bound = time.monotonic() + END_DRAIN_BOUND_S
         while time.monotonic() < bound and select.select([self._read_fd], [], [], 0)[0]:
             data = os.read(self._read_fd, READ_SIZE)
             if not data:
                 break
             self._take(data)
-        with self._lock:
-            run, self._run = self._run, None
-        if run is not None:
-            self._send(run.run_id, run.finish(self.max_bytes))
-        self._ended.set()
 
     def _send(self, run_id: int, text: str) -> None:
         for start in range(0, len(text), MAX_MESSAGE_BYTES // 4):  # <= MAX_MESSAGE_BYTES of UTF-8 each

@@ -1,7 +1,7 @@
 """resource limits per job: jobs.max_memory_mb, max_cpu_s, max_open_files, max_processes, nice
 
 Revision ID: 0004
-Revises: 0007
+Revises: 0003
 Create Date: 2026-12-02
 
 All nullable, no default: existing jobs get no limit of their own (the settings' [limits] apply).
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004"
-down_revision = "0007"  # given "0002"; chained after main's head at the merge of main
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

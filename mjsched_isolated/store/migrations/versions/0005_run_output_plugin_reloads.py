@@ -1,7 +1,7 @@
 """run_output: each run's captured output in ordered chunks; plugin_reloads: `plugins reload` requests
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-12-02
 
 New tables only: existing runs simply have no output rows, and no reload has been requested.
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0005"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -2,7 +2,7 @@
 attempt), the jobs' retry policy, pending-retry and pause-on-failure columns
 
 Revision ID: 0008
-Revises: 0004
+Revises: 0009
 Create Date: 2026-12-02
 
 Existing runs become attempt 1; existing jobs get no retries (``max_retries`` 0), no pending retry, no
@@ -17,7 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0008"
-down_revision = "0004"  # given "0007"; main chains 0004 after 0007, so this follows 0004 (re-chained at merge)
+down_revision = "0009"  # given "0007"; main has 0009 after 0007, so this follows main's head (re-chained at merge)
 branch_labels = None
 depends_on = None
 
