@@ -10,6 +10,9 @@ A notice is decided when its cause is recorded and becomes one outbox row per en
 * ``Skipped`` / ``Missed``: an occurrence dropped by ``concurrency_mode`` Skip / by the missed-run policy,
   for a job with ``notify_on_missed``.
 * Cancelled runs (shutdown) never notify.
+* A failure that will be retried (``max_retries``) says so in its subject ("failed, retry 2 of 3 at ...",
+  Normal priority); the final failure reads as any failure. A job paused on repeated failure
+  (``pause_after_failures``) sends a High-priority ``Failure`` notice naming the reason (:func:`for_pause`).
 
 The plugin's ``format_notification`` text (formatted in the worker child, carried by ``RunFinished``) is
 used when present; crashes, timeouts, abandoned runs and skips get the defaults below. No SQL, no I/O.

@@ -288,3 +288,16 @@ def test_cli_and_client_carry_the_fields(cli, db_url):
         assert job.retry_on == ["Timeout"]
         job = client.add_job("k", job_type="ok", cron_expression="@daily", max_retries=2)
         assert (job.max_retries, job.retry_backoff_s, job.consecutive_failures) == (2, 10.0, 0)
+
+
+def test_jobs_file_carries_the_fields_and_a_second_sync_changes_nothing(cli, tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[jobs]]\nname = "r"\njob_type = "ok"\ncron_expression = "@hourly"\nmax_retries = 2\n'
+                    'retry_backoff_s = 5.0\nretry_on = ["Failed", "Cancelled"]\npause_after_failures = 3\n')
+    assert "1 job(s) created, 0 updated" in cli("jobs", "sync", str(path)).stdout
+    assert "0 job(s) created, 0 updated" in cli("jobs", "sync", str(path)).stdout  # idempotent
+    shown = json.loads(cli("jobs", "show", "r", "--json").stdout)
+    assert (shown["max_retries"], shown["retry_backoff_s"], shown["retry_on"], shown["pause_after_failures"]) == (
+        2, 5.0, ["Failed", "Cancelled"], 3)
+    path.write_text(path.read_text().replace('"Cancelled"', '"Later"'))
+    assert "jobs[0].retry_on[1]" in error_line(cli("jobs", "sync", str(path), expect=2))
