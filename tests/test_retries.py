@@ -23,6 +23,20 @@ T = dt.datetime(2030, 1, 1, 12, tzinfo=UTC)
 LONG = {"lease_ttl_s": 600.0, "lease_renew_interval_s": 300.0}
 
 
+def steps(d):
+    """``at(0)`` on the driver's timeline, then ``(at, to)``: ``to(instant, delta_s)`` steps to a database
+    instant plus ``delta_s``. Recorded times are the database's (a claim's ``started_at`` is its clock, a
+    little after the timeline's ``at(0)`` on a loaded machine), so retries are stepped to by their
+    ``retry_at``, never by a fixed offset."""
+    at = d.timeline()
+    t0 = at(0)
+
+    def to(instant: dt.datetime, delta_s: float = 0.0) -> dt.datetime:
+        return at((instant - t0).total_seconds() + delta_s)
+
+    return at, to
+
+
 def runs_of(store: Store, name: str) -> list[dict]:
     return sorted(store.list_runs(job_name=name, limit=100), key=lambda r: r["id"])
 
@@ -64,8 +78,7 @@ def test_fails_twice_then_succeeds_gives_three_attempts_of_one_occurrence_with_t
     add_job(store, "flaky", "flaky", YEARLY, max_retries=3, retry_backoff_s=10.0, retry_backoff_factor=2.0,
             configuration=json.dumps({"counter_dir": str(tmp_path), "fail_times": 2}))
     occurrence = store.get_job("flaky")["next_run_at"]
-    at = d.timeline()
-    at(0)
+    _, to = steps(d)
     (first,) = runs_of(store, "flaky")
     assert (first["status"], first["attempt"]) == ("Failed", 1)
     job = store.get_job("flaky")
@@ -73,15 +86,16 @@ def test_fails_twice_then_succeeds_gives_three_attempts_of_one_occurrence_with_t
     assert job["retry_at"] == job["next_run_at"] == first["completed_at"] + dt.timedelta(seconds=10)
     assert job["retry_next_run_at"] > first["started_at"]  # the yearly occurrence it displaced
     assert (job["retry_next_run_at"].month, job["retry_next_run_at"].day) == (1, 1)
-    at(9.0)  # (the run's recorded times are the database's: a little after the timeline's at(0))
+    to(job["retry_at"], -0.5)
     assert len(runs_of(store, "flaky")) == 1  # not before its backoff
-    at(11.0)
+    to(job["retry_at"], 0.05)
     second = runs_of(store, "flaky")[1]
     assert (second["status"], second["attempt"], second["scheduled_at"]) == ("Failed", 2, occurrence)
     assert store.get_job("flaky")["retry_at"] == second["completed_at"] + dt.timedelta(seconds=20)  # factor 2
-    at(30.0)
+    retry_at = store.get_job("flaky")["retry_at"]
+    to(retry_at, -0.5)
     assert len(runs_of(store, "flaky")) == 2
-    at(32.0)
+    to(retry_at, 0.05)
     runs = runs_of(store, "flaky")
     assert [(r["attempt"], r["status"], r["scheduled_at"]) for r in runs] == [
         (1, "Failed", occurrence), (2, "Failed", occurrence), (3, "Completed", occurrence)]
@@ -90,7 +104,7 @@ def test_fails_twice_then_succeeds_gives_three_attempts_of_one_occurrence_with_t
         None, None, None, None)
     assert job["next_run_at"] == dt.datetime(job["next_run_at"].year, 1, 1, tzinfo=UTC)  # back to the schedule
     assert (job["run_count"], job["failure_count"], job["consecutive_failures"]) == (3, 2, 0)
-    at(200)
+    to(retry_at, 200)
     assert len(runs_of(store, "flaky")) == 3
 
 
@@ -115,9 +129,10 @@ def test_retries_used_up_give_one_final_failure_notice(mem_store, fake_factory):
     store = mem_store
     d = fake_factory(**LONG, max_concurrent_jobs=1)
     add_job(store, "always", "fail", YEARLY, max_retries=2, retry_backoff_s=5.0, retry_backoff_factor=1.0)
-    at = d.timeline()
-    for t in (0, 6, 12, 18, 60):
-        at(t)
+    _, to = steps(d)
+    for _ in range(2):
+        to(store.get_job("always")["retry_at"], 0.05)
+    to(runs_of(store, "always")[-1]["completed_at"], 60)
     runs = runs_of(store, "always")
     assert [(r["attempt"], r["status"]) for r in runs] == [(1, "Failed"), (2, "Failed"), (3, "Failed")]
     subjects = [n["subject"] for n in store.list_notifications() if n["job_id"] == runs[0]["job_id"]]
@@ -133,8 +148,7 @@ def test_a_crashed_worker_and_a_timeout_retry_a_cancelled_run_does_not(mem_store
     d.pool.hold()
     add_job(store, "crashy", "ok", YEARLY, max_retries=1, retry_backoff_s=5.0)
     add_job(store, "slow", "ok", YEARLY, max_retries=1, retry_backoff_s=5.0)
-    at = d.timeline()
-    at(0)
+    at, to = steps(d)
     crashy, slow = (runs_of(store, n)[0]["id"] for n in ("crashy", "slow"))
     d.pool.crash(crashy)
     at(0.5)
@@ -144,8 +158,9 @@ def test_a_crashed_worker_and_a_timeout_retry_a_cancelled_run_does_not(mem_store
     assert store.get_run(slow)["status"] == "Timeout"
     assert store.get_job("slow")["retry_attempt"] == 2
     d.pool.release_holds()
-    at(5.6)
-    at(7.2)
+    last_retry_at = max(store.get_job(n)["retry_at"] for n in ("crashy", "slow"))
+    to(last_retry_at, 0.05)
+    to(last_retry_at, 0.1)
     assert [r["attempt"] for r in runs_of(store, "crashy")] == [1, 2]
     assert [r["attempt"] for r in runs_of(store, "slow")] == [1, 2]
     assert runs_of(store, "crashy")[1]["status"] == "Completed"
@@ -177,8 +192,8 @@ def test_the_retry_survives_its_supervisor_another_one_picks_it_up(mem_store, fa
     assert store.get_job("j")["retry_attempt"] == 2
     first.close()  # gone (its lease was released with the result: nothing to take over)
     second = fake_factory(**LONG, max_concurrent_jobs=1)
-    at = second.timeline()
-    at(3.5)
+    _, to = steps(second)
+    to(store.get_job("j")["retry_at"], 0.05)
     runs = runs_of(store, "j")
     assert [(r["attempt"], r["executed_by_instance"]) for r in runs] == [
         (1, first.settings.instance), (2, second.settings.instance)]
@@ -192,8 +207,7 @@ def test_an_occurrence_due_while_a_retry_is_pending_waits_behind_it(mem_store, f
     d.pool.hold()
     for mode in ("Skip", "Queue"):
         add_job(store, mode, "ok", "* * * * * *", concurrency_mode=mode, max_retries=1, retry_backoff_s=5.0)
-    at = d.timeline()
-    at(0)
+    at, to = steps(d)
     for mode in ("Skip", "Queue"):
         d.pool.crash(runs_of(store, mode)[0]["id"])
     at(0.1)
@@ -201,17 +215,18 @@ def test_an_occurrence_due_while_a_retry_is_pending_waits_behind_it(mem_store, f
         at(t)
         assert [r["attempt"] for r in runs_of(store, "Skip")] == [1]
         assert [r["attempt"] for r in runs_of(store, "Queue")] == [1]
-    at(6.0)
+    retry_at = max(store.get_job(mode)["retry_at"] for mode in ("Skip", "Queue"))
+    to(retry_at, 0.05)
     assert [r["attempt"] for r in runs_of(store, "Skip")] == [1, 2]
     assert [r["attempt"] for r in runs_of(store, "Queue")] == [1, 2]
-    at(6.1)  # the displaced occurrence: Skip skips it (the retry is live), Queue waits
+    to(retry_at, 0.1)  # the displaced occurrence: Skip skips it (the retry is live), Queue waits
     assert store.get_job("Skip")["skipped_count"] >= 1
     assert len(runs_of(store, "Queue")) == 2
     d.pool.release_holds()
     for run_id in list(d.pool.held):
         d.pool.finish(run_id)
-    at(6.2)
-    at(6.3)
+    to(retry_at, 0.2)
+    to(retry_at, 0.3)
     queue_runs = runs_of(store, "Queue")
     assert [r["attempt"] for r in queue_runs][:3] == [1, 2, 1] and queue_runs[2]["scheduled_at"] > queue_runs[1][
         "scheduled_at"]
@@ -223,19 +238,21 @@ def test_pause_after_consecutive_final_failures_with_reason_and_notice_resume_cl
     d = fake_factory(**LONG, max_concurrent_jobs=1)
     add_job(store, "bad", "fail", "* * * * * *", pause_after_failures=2, max_retries=1, retry_backoff_s=0.5,
             retry_backoff_factor=1.0)
-    at = d.timeline()
-    at(0)
-    at(0.6)  # attempt 2 of the first occurrence: its final failure (1 in a row)
+    _, to = steps(d)
+    retry_at = store.get_job("bad")["retry_at"]
+    to(retry_at, 0.05)  # attempt 2 of the first occurrence: its final failure (1 in a row)
     assert store.get_job("bad")["status"] == "Active" and store.get_job("bad")["consecutive_failures"] == 1
-    at(1.2)
-    at(1.8)  # the second occurrence's final failure: 2 in a row
+    to(max(retry_at, store.get_job("bad")["next_run_at"]), 0.1)  # the next occurrence runs and fails
+    retry_at = store.get_job("bad")["retry_at"]
+    assert store.get_job("bad")["retry_attempt"] == 2
+    to(retry_at, 0.05)  # the second occurrence's final failure: 2 in a row
     job = store.get_job("bad")
     assert job["status"] == "Paused" and job["next_run_at"] is None
     assert job["paused_reason"].startswith("2 consecutive failed runs (pause_after_failures 2)")
     assert "it did not work" in job["paused_reason"]
     assert any("paused after repeated failures" in n["subject"] for n in store.list_notifications())
     count = len(runs_of(store, "bad"))
-    at(5)
+    to(retry_at, 5)
     assert len(runs_of(store, "bad")) == count  # paused: no more runs
     ops.resume_job(store, "bad", dt.datetime.now(UTC))
     job = store.get_job("bad")
@@ -247,10 +264,9 @@ def test_a_success_resets_the_failure_streak(mem_store, fake_factory, tmp_path):
     d = fake_factory(**LONG, max_concurrent_jobs=1)
     add_job(store, "flaky", "flaky", "* * * * * *", pause_after_failures=2,
             configuration=json.dumps({"counter_dir": str(tmp_path), "fail_times": 1}))
-    at = d.timeline()
-    at(0)
+    _, to = steps(d)
     assert store.get_job("flaky")["consecutive_failures"] == 1
-    at(1)
+    to(store.get_job("flaky")["next_run_at"], 0.05)
     assert store.get_job("flaky")["consecutive_failures"] == 0 and store.get_job("flaky")["status"] == "Active"
 
 
