@@ -183,6 +183,22 @@ def test_a_fenced_run_is_not_retried_unless_asked(mem_store, fake_factory):
     assert store.get_job("asked")["retry_attempt"] == 2
 
 
+@pytest.mark.parametrize(("retry_on", "retried"), [(None, False), ("Failed,Cancelled", True)])
+def test_a_cancelled_run_is_retried_only_when_asked(mem_store, fake_factory, retry_on, retried):
+    store = mem_store
+    d = fake_factory(lease_ttl_s=2.0, lease_renew_interval_s=0.2, rescan_interval_s=0.2)  # real clocks
+    d.pool.hold()
+    add_job(store, "long", "ok", YEARLY, max_retries=1, retry_backoff_s=600.0, retry_on=retry_on)
+    d.until(lambda: bool(store.running_runs()))
+    (run,) = store.running_runs()
+    ops.cancel_run(store, run["id"], "alice@laptop")
+    d.until(lambda: store.get_run(run["id"])["status"] != "Running", 10)
+    assert store.get_run(run["id"])["status"] == "Cancelled"
+    job = store.get_job("long")
+    assert (job["retry_attempt"] == 2) is retried
+    assert (job["run_count"], job["consecutive_failures"]) == (0, 0)  # a cancelled run is not counted
+
+
 def test_the_retry_survives_its_supervisor_another_one_picks_it_up(mem_store, fake_factory):
     """Durable: the pending retry is in the job row, so a second supervisor (the first one gone) runs it."""
     store = mem_store
