@@ -333,3 +333,17 @@ def test_jobs_file_carries_the_fields_and_a_second_sync_changes_nothing(cli, tmp
         2, 5.0, ["Failed", "Cancelled"], 3)
     path.write_text(path.read_text().replace('"Cancelled"', '"Later"'))
     assert "jobs[0].retry_on[1]" in error_line(cli("jobs", "sync", str(path), expect=2))
+
+
+def test_runs_list_shows_the_attempt(cli, db_url):
+    store = Store.open(db_url)
+    try:
+        job = add_job(store, "j", "ok", YEARLY)
+        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="me", lease_s=60,
+                            deadline_at=job["next_run_at"] + dt.timedelta(minutes=1), scheduled_at=job["next_run_at"])
+        assert claim is not None
+    finally:
+        store.close()
+    (row,) = json.loads(cli("runs", "list", "--json").stdout)
+    assert row["attempt"] == 1
+    assert "attempt" in cli("runs", "list").stdout.splitlines()[0]
