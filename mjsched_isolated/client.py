@@ -101,7 +101,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     """A run (the ``runs`` table, plus ``job_name``). ``scheduled_at`` is None for a manual run;
-    ``details`` is the plugin's result details; ``duration_ms`` in milliseconds."""
+    ``details`` is the plugin's result details; ``duration_ms`` in milliseconds; ``cpu_s`` (CPU seconds)
+    and ``max_rss_mb`` (peak resident memory, MiB): what the run used, None when not measured (a killed
+    run, a run before revision 0011)."""
 
     id: int
     job_id: int
@@ -119,6 +121,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: float | None = None
     cancel_requested_at: dt.datetime | None = None
     cancel_requested_by: str | None = None
+    cpu_s: float | None = None
+    max_rss_mb: float | None = None
     attempt: int = 1
 
 

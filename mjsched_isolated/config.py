@@ -96,8 +96,10 @@ class Recycling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise InputError("recycling.max_memory_per_child_mb", f"must be between 1 and 1048576 MiB, got {mb}")
 
 
-# a run's resource limits (worker/limits.py): memory MB, CPU seconds, open files, processes, nice level
-LIMIT_RANGES = {"max_memory_mb": (1, 1 << 30), "max_cpu_s": (1, 10 * 365 * 86400), "max_open_files": (16, 1 << 20),
+# a run's resource limits (worker/limits.py): memory MB, CPU seconds, open files, processes, nice level.
+# Open files: at least 64, as the worker itself holds about 20 descriptors (pipes, logging) and a command
+# started by the run needs some more; below that every run failed with EMFILE before its plugin did anything.
+LIMIT_RANGES = {"max_memory_mb": (1, 1 << 30), "max_cpu_s": (1, 10 * 365 * 86400), "max_open_files": (64, 1 << 20),
                 "max_processes": (1, 1 << 22), "nice": (-20, 19)}
 
 

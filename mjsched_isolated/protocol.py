@@ -124,7 +124,8 @@ class RunFinished(msgspec.Struct, tag=True, frozen=True):
     """The plugin returned (or raised). ``status`` is ``Completed`` or ``Failed``. ``notification``: the
     plugin's ``format_notification`` text for this outcome (None: the supervisor formats a default).
     ``retiring``: the child exits after this run, and why (the run left threads behind, ...): it must get
-    no other run; its slot is refilled."""
+    no other run; its slot is refilled. ``cpu_s`` (CPU seconds) and ``max_rss_mb`` (peak resident memory,
+    MiB): what the run used (:mod:`~mjsched_isolated.worker.accounting`); None where not measured."""
 
     run_id: int
     success: bool
@@ -132,6 +133,8 @@ class RunFinished(msgspec.Struct, tag=True, frozen=True):
     details: dict[str, Any] | None = None
     notification: NoticeText | None = None
     retiring: str | None = None
+    cpu_s: float | None = None
+    max_rss_mb: float | None = None
 
 
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):

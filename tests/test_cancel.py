@@ -72,6 +72,22 @@ def test_a_run_that_finishes_before_the_renewal_keeps_its_outcome(mem_store, fak
         ops.cancel_run(store, run["id"], "bob@laptop")
 
 
+def test_a_result_still_unread_when_the_renewal_sees_the_cancel_keeps_its_outcome(mem_store, fake_factory):
+    """h-fresh: the run finished and its result sits in the worker's pipe, not yet read, when the renewal
+    finds the cancel request: the result is read first, the run is Completed and its worker not killed."""
+    store = mem_store
+    d = fake_factory(**RENEW)
+    run = _start_held_run(store, d)
+    ops.cancel_run(store, run["id"], "alice@laptop")
+    d.pool.finish(run["id"])  # the result is sent, but the loop renews before its next wait
+    d.supervisor.liveness.next_renew = float("-inf")
+    d.supervisor.keep_lease(*d.supervisor.read_clock())
+    done = store.get_run(run["id"])
+    assert (done["status"], done["error_message"]) == ("Completed", None), done
+    assert d.pool.killed == [] and run["id"] not in d.supervisor.inflight
+    assert store.get_job("long")["success_count"] == 1
+
+
 def test_cancel_input_errors(mem_store):
     store = mem_store
     with pytest.raises(NotFoundError, match=r"^id: no run with id 42$"):

@@ -262,6 +262,7 @@ def test_every_option_has_help_choices_where_closed_and_no_rest_markup(cli):
     assert "Failed" in choices[("mjsched runs list", "status")]
     text = cli("--help").stdout + cli("jobs", "add", "--help").stdout
     assert "examples:" in text and "``" not in text and "@hourly" in text and "L, W, #" in text
+    assert "--description TEXT" in text and "JOB:" not in text  # h-fresh: no metavar from the internal dest
     assert cli("--version").stdout == f"mjsched {__version__}\n"
 
 

@@ -9,7 +9,7 @@ import pytest
 from clirun import Cli
 from conftest import FIXTURE_PLUGINS, add_job
 
-from mjsched_isolated.config import Limits, Settings
+from mjsched_isolated.config import LIMIT_RANGES, Limits, Settings
 from mjsched_isolated.errors import InputError
 from mjsched_isolated.protocol import RunLimits
 from mjsched_isolated.supervisor.limits import run_limits
@@ -73,3 +73,18 @@ def test_a_200_mb_limit_stops_a_1_gb_allocation_and_the_next_job_on_the_slot_is_
     d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="modest")))
     (modest,) = store.list_runs(job_name="modest")
     assert modest["status"] == "Completed" and modest["details"]["allocated_mb"] == 300
+
+
+def test_the_smallest_open_files_limit_accepted_still_lets_a_shell_command_start(cli, store, driver_factory):
+    """h-fresh: with ``--max-open-files 16`` (then the minimum) every run failed ``cannot start command: [Errno
+    24] Too many open files``: the worker itself holds about 20 descriptors. The minimum accepted must work."""
+    low = LIMIT_RANGES["max_open_files"][0]
+    refused = cli("jobs", "add", "few", "--type", "ok", "--cron", YEARLY, "--max-open-files", str(low - 1), expect=2)
+    assert f"max_open_files: must be between {low} and" in refused.stderr
+    add_job(store, "tight", "shell", YEARLY, configuration=json.dumps({"command": ["sh", "-c", "ulimit -n"]}),
+            max_open_files=low)
+    d = driver_factory(max_concurrent_jobs=1)
+    d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="tight")))
+    (run,) = store.list_runs(job_name="tight")
+    assert (run["status"], run["error_message"]) == ("Completed", None), run
+    assert run["details"]["stdout_tail"] == f"{low}\n"

@@ -24,6 +24,7 @@ from procs import Serve
 
 from mjsched_isolated import planner
 from mjsched_isolated.store import Store, migrate, schema
+from mjsched_isolated.store.leases import Outcome
 from mjsched_isolated.store.schema import jobs, runs, supervisors
 
 UTC = dt.UTC
@@ -33,6 +34,7 @@ OUTDATED = (f"database schema is at revision 0001, this version needs {HEAD}: ru
             "upgrade` (or serve --auto-upgrade)")
 NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
 NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
+RESOURCE_RUN_COLUMNS = {"cpu_s", "max_rss_mb"}  # 0011
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
 RETRY_JOB_COLUMNS = {"max_retries", "retry_backoff_s", "retry_backoff_factor", "retry_backoff_max_s",  # 0008
                      "retry_max_jitter_s", "retry_on", "retry_at", "retry_attempt", "retry_scheduled_at",
@@ -153,7 +155,7 @@ def without_0002(reflected: dict) -> dict:
         return ("job_id", "scheduled_at") if item == ("job_id", "scheduled_at", "attempt") else item
 
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
-                                               if k not in NEW_RUN_COLUMNS | {"attempt"}},
+                                               if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS | {"attempt"}},
                    "indexes": sorted(before_0008(i) for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"),
                    "uniques": sorted(before_0008(u) for u in out["runs"]["uniques"])}
     out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
@@ -318,6 +320,42 @@ def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url
             store.close()
     finally:
         engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0011_upgrade_keeps_every_run_and_old_runs_have_no_resource_figures(backend_url):
+    """0009 -> 0011 with data: every row is kept as it was; runs recorded before have no cpu_s/max_rss_mb,
+    and a run finished afterwards records both."""
+    engine = make_at(backend_url, "0009")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        assert not RESOURCE_RUN_COLUMNS & set(old_columns["runs"])
+        before = snapshot(engine, old_columns)
+        command_upgrade_to(engine, "0011")
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            figures = conn.execute(sa.select(runs.c.cpu_s, runs.c.max_rss_mb)).all()
+        assert figures and all(tuple(f) == (None, None) for f in figures)
+    finally:
+        engine.dispose()
+    store = Store.open(backend_url, auto_upgrade=True)
+    try:
+        assert store.finish_runs([Outcome(run_id=10, job_id=1, token="0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11",
+                                          status="Completed", success=True, duration_ms=5.0, cpu_s=1.25,
+                                          max_rss_mb=99.5)]) == [True]
+        by_id = {r["id"]: r for r in store.list_runs(job_name="leased", limit=100)}
+        assert (by_id[10]["cpu_s"], by_id[10]["max_rss_mb"]) == (1.25, 99.5)
+        assert (by_id[11]["cpu_s"], by_id[11]["max_rss_mb"]) == (None, None)
+    finally:
+        store.close()
+
+
+def command_upgrade_to(engine: sa.Engine, revision: str) -> None:
+    with engine.connect() as conn:
+        command.upgrade(migrate.config(conn), revision)
+        conn.commit()
 
 
 @pytest.mark.timeout(60)

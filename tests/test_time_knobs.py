@@ -113,7 +113,11 @@ def test_cron_next_shows_the_policies(cli):
                           "--count", "2", "--dst-fold", "Both", "--json").stdout)
     assert [r["utc"] for r in rows] == ["2024-11-03T05:30:00Z", "2024-11-03T06:30:00Z"]
     line = error_line(cli("cron", "next", "30 1 * * *", "--dst-gap", "Later", expect=2))
-    assert "argument --dst-gap: invalid choice" in line
+    assert "argument --dst-gap-policy/--dst-gap: invalid choice" in line
+    # h-fresh: the flags `jobs add` takes work here too (they were refused as unrecognized)
+    same = cli("cron", "next", "30 2 * * *", "--tz", "Europe/Berlin", "--after", "2024-03-30T12:00:00Z",
+               "--count", "1", "--dst-gap-policy", "Skip", "--dst-fold-policy", "Both").stdout
+    assert same == out
 
 
 # -- Client -----------------------------------------------------------------------------------------------

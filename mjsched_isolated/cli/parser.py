@@ -110,7 +110,7 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--tz", field="timezone", metavar="ZONE", help="IANA time zone the schedule is read in (default UTC; "
                                                        "not the host's 'localtime')")
     add("--configuration", field="configuration", metavar="JSON", help="the plugin's configuration as a JSON object")
-    add("--description", field="description", help="free text shown in listings")
+    add("--description", field="description", metavar="TEXT", help="free text shown in listings")
     add("--status", field="status", choices=values(JobStatus), help="default Active for a new job")
     add("--concurrency-mode", field="concurrency_mode", choices=values(ConcurrencyMode),
         help="when a run is still live at the next occurrence: Skip it (default), Queue one, or run Concurrent")
@@ -152,7 +152,8 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--max-memory-mb", field="max_memory_mb", type=int, metavar="MB",
         help="each run may allocate at most MB more memory (RLIMIT_DATA; see docs/operating/isolation.md)")
     add("--max-cpu-s", field="max_cpu_s", type=int, metavar="S", help="each run may use at most S seconds of CPU")
-    add("--max-open-files", field="max_open_files", type=int, metavar="N", help="open files limit of each run")
+    add("--max-open-files", field="max_open_files", type=int, metavar="N",
+        help="open files limit of each run (at least 64: the worker holds about 20 itself)")
     add("--max-processes", field="max_processes", type=int, metavar="N",
         help="process limit of each run (RLIMIT_NPROC: per user, not for root)")
     add("--nice", field="nice", type=int, metavar="N", help="scheduling priority of each run, -20..19")
@@ -270,10 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
     nxt.add_argument("--after", metavar="ISO", help="start (default now); without an offset it is read in --tz")
     nxt.add_argument("--count", type=int, default=10, metavar="N", help="how many occurrences (default 10)")
-    nxt.add_argument("--dst-gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
-                     help=f"the job's dst_gap_policy (default {DEFAULT_DST_GAP})")
-    nxt.add_argument("--dst-fold", default=DEFAULT_DST_FOLD, choices=DST_FOLD_POLICIES,
-                     help=f"the job's dst_fold_policy (default {DEFAULT_DST_FOLD})")
+    nxt.add_argument("--dst-gap-policy", "--dst-gap", dest="dst_gap", default=DEFAULT_DST_GAP, choices=DST_GAP_POLICIES,
+                     help=f"the job's dst_gap_policy, as in `jobs add` (default {DEFAULT_DST_GAP})")
+    nxt.add_argument("--dst-fold-policy", "--dst-fold", dest="dst_fold", default=DEFAULT_DST_FOLD,
+                     choices=DST_FOLD_POLICIES,
+                     help=f"the job's dst_fold_policy, as in `jobs add` (default {DEFAULT_DST_FOLD})")
     nxt.set_defaults(func=system.cmd_cron_next, uses_settings=False, read_only=True)
 
     plugins = sub.add_parser("plugins", help="inspect plugins").add_subparsers(

@@ -103,7 +103,8 @@ class _Statements:
             status=sa.bindparam("p_status"), success=sa.bindparam("p_success", type_=sa.Boolean),
             error_message=sa.bindparam("p_error_message", type_=sa.Text),
             completed_at=sa.func.coalesce(completed, now), details=sa.bindparam("p_details", type_=sa.Text),
-            duration_ms=sa.bindparam("p_duration_ms", type_=sa.Float))
+            duration_ms=sa.bindparam("p_duration_ms", type_=sa.Float),
+            cpu_s=sa.bindparam("p_cpu_s", type_=sa.Float), max_rss_mb=sa.bindparam("p_max_rss_mb", type_=sa.Float))
         finishable = (runs.c.id == sa.bindparam("p_run_id"), runs.c.status == RunStatus.RUNNING)
         self.finish_run = runs.update().where(*finishable, runs.c.lock_token == sa.bindparam("p_token")).values(
             **finish_values)
@@ -214,6 +215,8 @@ class Outcome(msgspec.Struct):
     count: bool = True
     notices: list[OutboxRow] | None = None
     completed_at: dt.datetime | None = None
+    cpu_s: float | None = None
+    max_rss_mb: float | None = None
     scheduled_at: dt.datetime | None = None
     attempt: int = 1
     retry_at: dt.datetime | None = None
@@ -365,7 +368,8 @@ class Leases:
             done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
                 "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
                 "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
-                "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms}).rowcount == 1 for o in outcomes]
+                "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
+                "p_max_rss_mb": o.max_rss_mb}).rowcount == 1 for o in outcomes]
             won = [o for o, d in zip(outcomes, done, strict=True) if d]
             for o in won:  # the pending retry, before the statistics (a retried failure is not final)
                 if o.retry_at is not None:

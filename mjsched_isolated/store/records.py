@@ -107,6 +107,8 @@ class _RunColumns(TypedDict):
     duration_ms: float | None
     cancel_requested_at: dt.datetime | None
     cancel_requested_by: str | None
+    cpu_s: float | None
+    max_rss_mb: float | None
     attempt: int
 
 

@@ -201,6 +201,9 @@ runs = sa.Table(
     # `runs cancel`: when and by whom (user@host or an actor) a cancel was asked; the holder acts on it
     sa.Column("cancel_requested_at", UTCDateTime),
     sa.Column("cancel_requested_by", sa.String(255)),
+    # what the run used, measured by its worker (revision 0011): CPU seconds, peak resident memory in MiB
+    sa.Column("cpu_s", sa.Float),
+    sa.Column("max_rss_mb", sa.Float),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),  # 1 the first run, 2 its first retry
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),

@@ -146,8 +146,10 @@ class Supervisor:
 
     def keep_lease(self, now: dt.datetime, mono: float) -> None:
         """Renew the liveness lease when due (or, under ``serve``, see whether the :class:`Renewer` thread
-        renewed it); after a renewal, fence (kill and fail) runs whose lease is lost and cancel those asked
-        to be; fence every run once the lease can no longer be trusted locally."""
+        renewed it); after a renewal, record the results the workers have already sent (so a run that
+        finished before its cancel or fence took effect keeps its outcome), then fence (kill and fail) runs
+        whose lease is lost and cancel those asked to be; fence every run once the lease can no longer be
+        trusted locally."""
         if self.renewer is not None:
             renewed = self.renewer.renewals != self._renewals_seen
             self._renewals_seen = self.renewer.renewals
@@ -156,6 +158,9 @@ class Supervisor:
             if renewed:
                 self.pool.fence_at.value = self.liveness.valid_until  # busy workers enforce it themselves
         if renewed:
+            if self.inflight:  # results already sent are recorded first: a run that ended keeps its outcome
+                events, _ = self.pool.wait(0.0)
+                self.on_events(events, now)
             self.guard.fence_unheld(now)
         if self.inflight and not self.liveness.valid(mono):
             self.guard.fence_all(now)
@@ -260,7 +265,7 @@ class Supervisor:
                 finished.append((flight, self.recorder.outcome(
                     flight, now, status="Completed" if message.success else "Failed", success=message.success,
                     error_message=message.error_message, details=message.details,
-                    notification=message.notification)))
+                    notification=message.notification, cpu_s=message.cpu_s, max_rss_mb=message.max_rss_mb)))
             elif isinstance(message, protocol.RunStarted) and flight is not None:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("run %d: plugin started %.1f ms after the claim", flight.run_id,

@@ -56,10 +56,12 @@ class Recorder:
 
     def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                 error_message: str | None = None, details: dict | None = None, count: bool = True,
-                notification: protocol.NoticeText | None = None, fenced: bool = False) -> Outcome:
+                notification: protocol.NoticeText | None = None, cpu_s: float | None = None,
+                max_rss_mb: float | None = None, fenced: bool = False) -> Outcome:
         """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there), with the retry
         of a failure the job retries (:func:`planner.retry_at`) and, for a job with ``pause_after_failures``,
-        the pause its final failure may cause (judged by the store on the job's counter)."""
+        the pause its final failure may cause (judged by the store on the job's counter); ``cpu_s`` and
+        ``max_rss_mb``: the run's CPU seconds and peak memory (MiB) as the worker measured them."""
         completed_at = max(now, flight.recorded_start)
         job, channels = flight.job, self.settings.notifications.channels()
         retry_at = None if success else planner.retry_at(job, attempt=flight.attempt,
@@ -71,7 +73,8 @@ class Recorder:
                                                     retry=retry), channels) if channels else [])
         outcome = Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
                           (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at,
-                          scheduled_at=flight.scheduled_at, attempt=flight.attempt, retry_at=retry_at)
+                          cpu_s, max_rss_mb, scheduled_at=flight.scheduled_at, attempt=flight.attempt,
+                          retry_at=retry_at)
         limit = job.get("pause_after_failures")
         if limit and not success and count and retry_at is None:
             outcome.pause_reason = (f"{limit} consecutive failed runs (pause_after_failures {limit}); the last, "

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from mjsched_isolated import logs, proctree, protocol
-from mjsched_isolated.worker import hygiene, limits, watchdog
+from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
 from mjsched_isolated.worker.output import OutputCapture
 
@@ -86,20 +86,21 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
             if applied is not None and applied.errors:
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
+            meter = accounting.Meter()
             result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            cpu_s, max_rss_mb = meter.stop()
             retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result
             busy.value = 0
             retiring = _after_run(baseline, message) or retiring
-            if retiring is not None:
-                result = msgspec.structs.replace(result, retiring=retiring)
+            result = msgspec.structs.replace(result, retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb)
             try:
                 sender.send(result)
             except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable plugin data
                 sender.send(protocol.RunFinished(
                     run_id=result.run_id, success=result.success, error_message=result.error_message,
                     details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
-                    retiring=retiring))
+                    retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb))
             # after the result (its recording overlaps), before the next run
             hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
             logs.current_run = None

@@ -288,6 +288,37 @@ class LeaveBehind(BaseScheduledJob):
         return ScheduledJobResult(success=True, details={"pids": [child.pid, int(daemon.stdout), int(grouped.stdout)]})
 
 
+class BurnConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    cpu_s: float = 0.0  # CPU seconds to burn in the worker
+    alloc_mb: int = 0  # MiB the worker touches (then frees)
+    child_cpu_s: float = 0.0  # CPU seconds a waited-for child command burns
+    child_alloc_mb: int = 0  # MiB that child touches
+
+
+_BURN = ("import resource, sys, time\n"
+         "b = bytearray({mb} * 1024 * 1024)\n"
+         "for i in range(0, len(b), 4096): b[i] = 1\n"
+         "del b\n"
+         "cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])\n"
+         "start = cpu()\n"
+         "while cpu() - start < {cpu_s}: sum(range(10000))\n")
+
+
+class Burn(BaseScheduledJob):
+    """Uses a known amount of CPU time and memory, in the worker and in a child command it waits for."""
+
+    job_type = "burn"
+    configuration_type = BurnConfig
+
+    def execute(self, context):
+        cfg = context.configuration
+        exec(_BURN.format(mb=cfg.alloc_mb, cpu_s=cfg.cpu_s), {})  # the same code as the child runs
+        if cfg.child_cpu_s or cfg.child_alloc_mb:
+            subprocess.run([sys.executable, "-c", _BURN.format(mb=cfg.child_alloc_mb, cpu_s=cfg.child_cpu_s)],
+                           check=True)
+        return ScheduledJobResult(success=True)
+
+
 class FlakyConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     counter_dir: str
     fail_times: int = 2

@@ -2,14 +2,14 @@
 attempt), the jobs' retry policy, pending-retry and pause-on-failure columns
 
 Revision ID: 0008
-Revises: 0009
+Revises: 0011
 Create Date: 2026-12-02
 
 Existing runs become attempt 1; existing jobs get no retries (``max_retries`` 0), no pending retry, no
 pause on failure and ``consecutive_failures`` 0: they behave exactly as before. The unique index on an
 occurrence's runs gains ``attempt`` (a retry is a new run of the same occurrence). On SQLite the runs table
-is rebuilt (a constraint cannot be dropped in place; batch "recreate" from its definition at 0007, foreign
-keys off, every row and id kept); elsewhere the new index is created before the old one is dropped.
+is rebuilt (a constraint cannot be dropped in place; batch "recreate" from the reflected table, foreign
+keys off, every row, column and id kept); elsewhere the new index is created before the old one is dropped.
 """
 
 import sqlalchemy as sa
@@ -17,7 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0008"
-down_revision = "0009"  # given "0007"; main has 0009 after 0007, so this follows main's head (re-chained at merge)
+down_revision = "0011"  # given "0007"; follows main's head (0011) here, re-chained at merge
 branch_labels = None
 depends_on = None
 
@@ -48,36 +48,16 @@ def _job_columns() -> list[sa.Column]:
     ]
 
 
-def _runs_at_0007() -> sa.Table:
-    """The runs table as revision 0007 left it (batch ``copy_from``: reflection would drop the CHECK
-    constraint on SQLite)."""
+def _runs_as_it_is() -> sa.Table:
+    """The runs table as the database has it, for batch ``copy_from``: reflected (so whichever revisions
+    ran before this one, their columns are kept), with the CHECK constraint on ``status`` that SQLite
+    reflection may not return."""
     meta = sa.MetaData()
-    sa.Table("jobs", meta, sa.Column("id", sa.Integer, primary_key=True))
-    return sa.Table(
-        "runs", meta,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("scheduled_at", _utc_datetime()),
-        sa.Column("started_at", _utc_datetime(), nullable=False),
-        sa.Column("completed_at", _utc_datetime()),
-        sa.Column("status", sa.String(20), nullable=False, server_default="Running"),
-        sa.Column("success", sa.Boolean),
-        sa.Column("error_message", sa.Text),
-        sa.Column("details", sa.Text),
-        sa.Column("queued_at", _utc_datetime()),
-        sa.Column("executed_by_instance", sa.String(255)),
-        sa.Column("lock_token", sa.String(36)),
-        sa.Column("deadline_at", _utc_datetime()),
-        sa.Column("duration_ms", sa.Float),
-        sa.Column("cancel_requested_at", _utc_datetime()),
-        sa.Column("cancel_requested_by", sa.String(255)),
-        sa.CheckConstraint("status IN ('Running', 'Completed', 'Failed', 'Cancelled', 'Timeout')",
-                           name="ck_status"),
-        sa.UniqueConstraint("job_id", "scheduled_at", name=OLD_UNIQUE),
-        sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
-        sa.Index("ix_runs_status", "status"),
-        sa.Index("ix_runs_started_at", "started_at", "status"),
-    )
+    runs = sa.Table("runs", meta, autoload_with=op.get_bind())
+    if not any(isinstance(c, sa.CheckConstraint) and c.name == "ck_status" for c in runs.constraints):
+        runs.append_constraint(sa.CheckConstraint(
+            "status IN ('Running', 'Completed', 'Failed', 'Cancelled', 'Timeout')", name="ck_status"))
+    return runs
 
 
 def _require_foreign_keys_off() -> None:
@@ -93,7 +73,7 @@ def upgrade() -> None:
     attempt = sa.Column("attempt", sa.Integer, nullable=False, server_default="1")
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
-        with op.batch_alter_table("runs", copy_from=_runs_at_0007(), recreate="always",
+        with op.batch_alter_table("runs", copy_from=_runs_as_it_is(), recreate="always",
                                   table_kwargs={"sqlite_autoincrement": True}) as batch:
             batch.add_column(attempt)
             batch.drop_constraint(OLD_UNIQUE, type_="unique")
@@ -107,13 +87,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
-        runs = _runs_at_0007()
-        runs.append_column(sa.Column("attempt", sa.Integer, nullable=False, server_default="1"))
-        for constraint in list(runs.constraints):
-            if getattr(constraint, "name", None) == OLD_UNIQUE:
-                runs.constraints.discard(constraint)
-        runs.append_constraint(sa.UniqueConstraint("job_id", "scheduled_at", "attempt", name=NEW_UNIQUE))
-        with op.batch_alter_table("runs", copy_from=runs, recreate="always",
+        with op.batch_alter_table("runs", copy_from=_runs_as_it_is(), recreate="always",
                                   table_kwargs={"sqlite_autoincrement": True}) as batch:
             batch.drop_constraint(NEW_UNIQUE, type_="unique")
             batch.drop_column("attempt")

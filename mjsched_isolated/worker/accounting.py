@@ -1,0 +1,78 @@
+"""Per-run resource accounting in the worker: the CPU time and peak memory of one run, recorded with it.
+
+A :class:`Meter` is created just before the plugin runs and read just after it returns (or raises):
+
+- ``cpu_s``: seconds of CPU (user + system) the worker used during the run (``getrusage(RUSAGE_SELF)``
+  delta: every thread of the worker) plus those of the children it waited for during the run
+  (``RUSAGE_CHILDREN`` delta: a ``subprocess.run`` command, say). A child the run left behind is not
+  waited for before the result is sent (:mod:`~mjsched_isolated.worker.hygiene` kills it afterwards), so
+  its CPU is not counted. systemd's ``CPUUsageNSec=``, the ``cpuacct`` figure a cgroup would give.
+- ``max_rss_mb``: peak resident memory of the run, in MiB: the worker's peak is reset before the run
+  (``/proc/self/clear_refs`` ``5``, Linux >= 4.0) and read after it (``VmHWM`` of ``/proc/self/status``);
+  if a child the run waited for peaked higher than any earlier child (``RUSAGE_CHILDREN.ru_maxrss`` grew),
+  that child's peak counts instead (the larger one: the figure is the largest single process, not a sum).
+  Where the peak cannot be reset (no ``/proc``), it is the worker's lifetime peak only when the run raised
+  it (``RUSAGE_SELF.ru_maxrss`` grew), else None: a figure from an earlier run is never reported as this
+  one's. systemd's ``MemoryPeak=``, cgroup v2's ``memory.peak``.
+
+Runs that are killed (deadline, cancel, a crash) send no result, so they have no figures.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+_MIB = 1024 * 1024
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reset_peak() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS; False where the platform cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _vm_hwm_kib() -> int | None:
+    """This process's peak RSS since the last reset (``VmHWM``), KiB; None without ``/proc``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Meter:
+    """Measures one run: created just before the plugin runs (takes the starting figures and resets the
+    worker's peak memory), :meth:`stop` just after it."""
+
+    def __init__(self) -> None:
+        self._peak_reset = _reset_peak()
+        self._self = resource.getrusage(resource.RUSAGE_SELF)
+        self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def stop(self) -> tuple[float, float | None]:
+        """``(cpu_s, max_rss_mb)`` of the run since the meter was created (see the module docstring)."""
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = max(0.0, _cpu(own) - _cpu(self._self)) + max(0.0, _cpu(children) - _cpu(self._children))
+        peak_bytes: int | None = None
+        hwm = _vm_hwm_kib() if self._peak_reset else None
+        if hwm is not None:
+            peak_bytes = hwm * 1024
+        elif own.ru_maxrss > self._self.ru_maxrss:
+            peak_bytes = own.ru_maxrss * _MAXRSS_UNIT
+        if children.ru_maxrss > self._children.ru_maxrss:
+            peak_bytes = max(peak_bytes or 0, children.ru_maxrss * _MAXRSS_UNIT)
+        return round(cpu_s, 3), None if peak_bytes is None else round(peak_bytes / _MIB, 1)
