@@ -528,3 +528,19 @@ def test_0008_upgrade_keeps_rows_makes_them_attempt_1_and_allows_a_retry_of_an_o
             conn.execute(runs.insert().values(**retry, attempt=2))
     finally:
         engine.dispose()
+
+
+def test_0008_keeps_the_values_of_columns_added_by_other_revisions(backend_url):
+    """0008 rebuilds runs on SQLite: it copies the table as it finds it, so a column another revision
+    added before it (0011's cpu_s, here) keeps its values."""
+    engine = make_at(backend_url, "0011")
+    try:
+        fill(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE runs SET cpu_s = 1.5, max_rss_mb = 64.0 WHERE id = 11"))
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(runs.c.cpu_s, runs.c.max_rss_mb, runs.c.attempt).where(runs.c.id == 11)).one()
+        assert tuple(row) == (1.5, 64.0, 1)
+    finally:
+        engine.dispose()
