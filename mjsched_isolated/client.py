@@ -80,6 +80,19 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     dst_fold_policy: DstFoldPolicy = DstFoldPolicy.ONCE_IF_FIXED_HOUR
     missed_run_grace_s: float | None = None
     max_total_runtime_s: float | None = None
+    max_retries: int = 0
+    retry_backoff_s: float = 10.0
+    retry_backoff_factor: float = 2.0
+    retry_backoff_max_s: float | None = None
+    retry_max_jitter_s: float | None = None
+    retry_on: list[str] | None = None
+    retry_at: dt.datetime | None = None
+    retry_attempt: int | None = None
+    retry_scheduled_at: dt.datetime | None = None
+    retry_next_run_at: dt.datetime | None = None
+    pause_after_failures: int | None = None
+    consecutive_failures: int = 0
+    paused_reason: str | None = None
     locked_at: dt.datetime | None = None
     locked_by_instance: str | None = None
     expected_completion_at: dt.datetime | None = None
@@ -112,6 +125,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     missed_count: int = 0
     cpu_s: float | None = None
     max_rss_mb: float | None = None
+    attempt: int = 1
 
 
 def _job(row: dict[str, Any]) -> Job:
@@ -165,7 +179,9 @@ class Client:
         ``max_runtime_minutes``, the resource limits ``max_memory_mb``, ``max_cpu_s``, ``max_open_files``,
         ``max_processes``, ``nice``, ``start_at``/``end_at`` (datetimes; naive ones are read in
         ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
-        knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``). The
+        knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``; retries
+        ``max_retries``, ``retry_backoff_s``, ``retry_backoff_factor``, ``retry_backoff_max_s``,
+        ``retry_max_jitter_s``, ``retry_on`` (a list of statuses); ``pause_after_failures``). The
         configuration is validated by the plugin in a worker child. Raises :class:`InputError` naming
         the field (``name`` if taken); nothing is written then."""
         values = {"name": name, "job_type": job_type, "cron_expression": cron_expression, "timezone": timezone,

@@ -69,6 +69,17 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dst_fold_policy: str = cron.DEFAULT_DST_FOLD
     missed_run_grace_s: float | None = None
     max_total_runtime_s: float | None = None
+    # -- retries and pause on repeated failure (issue 12 points 5, 8) --
+    max_retries: int = 0
+    retry_backoff_s: float = 10.0
+    retry_backoff_factor: float = 2.0
+    retry_backoff_max_s: float | None = None
+    retry_max_jitter_s: float | None = None
+    retry_on: list[str] | None = None
+    pause_after_failures: int | None = None
+
+
+MAX_RETRIES = 100
 
 
 class JobsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -115,6 +126,7 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         if value is not None and not 0 < value <= planner.MAX_RUN_TIMEOUT_S:
             fail(field, f"must be more than 0 and at most {planner.MAX_RUN_TIMEOUT_S:g} seconds (ten years), "
                         f"got {value:g}")
+    _check_retries(spec, fail)
     if spec.status is not msgspec.UNSET and spec.status not in JOB_STATUSES:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
@@ -147,12 +159,35 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
                                    cron_expression=" ".join(spec.cron_expression.split()))
 
 
+def _check_retries(spec: JobSpec, fail: Any) -> None:
+    """The retry and pause-on-failure fields (issue 12 points 5 and 8)."""
+    if not 0 <= spec.max_retries <= MAX_RETRIES:
+        fail("max_retries", f"must be between 0 and {MAX_RETRIES}, got {spec.max_retries}")
+    if not 0 <= spec.retry_backoff_s <= planner.MAX_RUN_TIMEOUT_S:
+        fail("retry_backoff_s", f"must be between 0 and {planner.MAX_RUN_TIMEOUT_S:g} seconds, "
+                                f"got {spec.retry_backoff_s:g}")
+    if not 1 <= spec.retry_backoff_factor <= 100:
+        fail("retry_backoff_factor", f"must be between 1 (a constant delay) and 100, got {spec.retry_backoff_factor:g}")
+    for field in ("retry_backoff_max_s", "retry_max_jitter_s"):
+        value = getattr(spec, field)
+        if value is not None and not 0 <= value <= planner.MAX_RUN_TIMEOUT_S:
+            fail(field, f"must be between 0 and {planner.MAX_RUN_TIMEOUT_S:g} seconds, got {value:g}")
+    for i, status in enumerate(spec.retry_on or []):
+        if status not in planner.RETRY_ON_CHOICES:
+            fail(f"retry_on[{i}]", f"must be one of {', '.join(planner.RETRY_ON_CHOICES)}, got {status!r}")
+    if spec.retry_on is not None and not spec.retry_on:
+        fail("retry_on", "must list at least one status (to retry nothing, set max_retries 0)")
+    if spec.pause_after_failures is not None and not 1 <= spec.pause_after_failures <= 1_000_000:
+        fail("pause_after_failures", f"must be between 1 and 1000000, got {spec.pause_after_failures}")
+
+
 def row_values(spec: JobSpec) -> dict[str, Any]:
     """Column values for the store (status excluded when unset)."""
     values = msgspec.structs.asdict(spec)
     if values["status"] is msgspec.UNSET:
         del values["status"]
     values["configuration"] = None if spec.configuration is None else json.dumps(spec.configuration, sort_keys=True)
+    values["retry_on"] = ",".join(spec.retry_on) if spec.retry_on else None
     values["notify_recipients"] = (json.dumps([a.strip() for a in spec.notify_recipients])
                                    if spec.notify_recipients else None)
     return values

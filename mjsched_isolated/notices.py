@@ -10,6 +10,9 @@ A notice is decided when its cause is recorded and becomes one outbox row per en
 * ``Skipped`` / ``Missed``: an occurrence dropped by ``concurrency_mode`` Skip / by the missed-run policy,
   for a job with ``notify_on_missed``.
 * Cancelled runs (shutdown) never notify.
+* A failure that will be retried (``max_retries``) says so in its subject ("failed, retry 2 of 3 at ...",
+  Normal priority); the final failure reads as any failure. A job paused on repeated failure
+  (``pause_after_failures``) sends a High-priority ``Failure`` notice naming the reason (:func:`for_pause`).
 
 The plugin's ``format_notification`` text (formatted in the worker child, carried by ``RunFinished``) is
 used when present; crashes, timeouts, abandoned runs and skips get the defaults below. No SQL, no I/O.
@@ -62,10 +65,13 @@ def job_recipients(job: Row) -> list[str] | None:
 
 
 def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
-            text: NoticeText | None = None, scheduled_at: dt.datetime | None = None) -> Notice | None:
+            text: NoticeText | None = None, scheduled_at: dt.datetime | None = None,
+            retry: tuple[int, int, dt.datetime] | None = None) -> Notice | None:
     """The notice for run ``run_id`` of ``job`` (a row with ``id``, ``name``, ``notify_*``) ending in
     ``status`` (Completed, Failed, Timeout, Cancelled), or None when it does not notify. ``text`` is the
-    plugin's formatted notice; a default is used without it."""
+    plugin's formatted notice; a default is used without it. ``retry``: (retry number, ``max_retries``,
+    when) of a failure that will be retried: the subject says so ("failed, retry 2 of 3 at 12:05:00Z"),
+    so only the final failure reads as one."""
     if status == "Completed" and job.get("notify_on_success"):
         event = "Success"
     elif status in ("Failed", "Timeout") and job.get("notify_on_failure", True):
@@ -77,12 +83,28 @@ def for_run(job: Row, run_id: int, *, status: str, error_message: str | None,
                                        timed_out=status == "Timeout")
         text = NoticeText(subject=content.subject, body=content.body, priority=content.priority)
     details = {**(text.metadata or {}), "status": status}
+    if retry is not None and event == "Failure":
+        number, of, when = retry
+        what = "timed out" if status == "Timeout" else "failed"
+        text = NoticeText(subject=f"Scheduled job '{job['name']}' {what}, retry {number} of {of} at {iso(when)}",
+                          body=f"{text.body}\nRetry {number} of {of} at {iso(when)}.", priority="Normal",
+                          metadata=text.metadata)
+        details.update(retry=number, max_retries=of, retry_at=iso(when))
     if scheduled_at is not None:
         details["scheduled_at"] = iso(scheduled_at)
     if error_message and event == "Failure":
         details.setdefault("error_message", error_message)
     return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=run_id, subject=text.subject,
                   body=text.body, priority=text.priority, details=details, recipients=job_recipients(job))
+
+
+def for_pause(job: Row, run_id: int, reason: str) -> Notice:
+    """The notice of a job paused on repeated failure (``pause_after_failures``): always sent (a paused
+    job runs no more until someone resumes it), High priority."""
+    return Notice(event="Failure", job_id=job["id"], job_name=job["name"], run_id=run_id,
+                  subject=f"Scheduled job '{job['name']}' paused after repeated failures",
+                  body=f"Job '{job['name']}' was paused: {reason}. Resume it with `mjsched jobs resume {job['name']}`.",
+                  priority="High", details={"paused_reason": reason}, recipients=job_recipients(job))
 
 
 def for_abandoned(run: Mapping[str, Any]) -> Notice | None:

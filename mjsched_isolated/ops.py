@@ -45,6 +45,7 @@ from mjsched_isolated.supervisor.inspection import inspect_plugins
 
 Row = dict[str, Any]
 JOB_FIELDS: tuple[str, ...] = tuple(JobSpec.__struct_fields__)
+NO_RETRY = {"retry_at": None, "retry_attempt": None, "retry_scheduled_at": None, "retry_next_run_at": None}
 RUN_STATUSES = values(RunStatus)
 SYNC_ATTEMPTS = 3  # a sync that lost a name race to another supervisor's sync re-reads and tries again
 
@@ -186,6 +187,8 @@ def job_view(row: Mapping[str, Any]) -> Row:
                 view[key] = json.loads(view[key])
             except ValueError:
                 pass  # written by hand or another tool: shown as stored
+    if isinstance(view.get("retry_on"), str):  # stored comma-separated
+        view["retry_on"] = [s.strip() for s in view["retry_on"].split(",") if s.strip()]
     return view
 
 
@@ -347,16 +350,19 @@ def update_job(store: Store, settings: Settings, name: str, changes: Mapping[str
 
 
 def pause_job(store: Store, name: str, now: dt.datetime) -> Row:
-    """Stop scheduling job ``name`` (a run in progress is not interrupted). Returns the job."""
-    store.update_job(name, {"status": JobStatus.PAUSED.value, "next_run_at": None}, now)
+    """Stop scheduling job ``name`` (a run in progress is not interrupted; a pending retry is dropped).
+    Returns the job."""
+    store.update_job(name, {"status": JobStatus.PAUSED.value, "next_run_at": None, **NO_RETRY}, now)
     return get_job(store, name)
 
 
 def resume_job(store: Store, name: str, now: dt.datetime) -> Row:
-    """Schedule job ``name`` again from ``now``; it becomes Expired if its ``end_at`` has passed."""
+    """Schedule job ``name`` again from ``now``; it becomes Expired if its ``end_at`` has passed. Clears a
+    pause on repeated failure (``paused_reason``, ``consecutive_failures``)."""
     job = store.get_job(name)
     values = jobspec.with_next_run_at({**job, "status": JobStatus.ACTIVE.value}, now)
-    store.update_job(name, {"status": values["status"], "next_run_at": values["next_run_at"]}, now)
+    store.update_job(name, {"status": values["status"], "next_run_at": values["next_run_at"], "paused_reason": None,
+                            "consecutive_failures": 0, **NO_RETRY}, now)
     return get_job(store, name)
 
 

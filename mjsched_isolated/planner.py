@@ -293,3 +293,63 @@ def human_interval(seconds: float) -> str:
     if secs or not parts:
         parts.append(f"{secs} second{'s' * (secs != 1)}")
     return " ".join(parts)
+
+
+RETRY_ON_DEFAULT = ("Failed", "Timeout")
+"""The run statuses that retry when a job does not say (``retry_on``): a failure (a plugin's error, a worker
+crash) and a deadline kill. A Cancelled run is retried only when asked (Celery's ``autoretry_for``,
+Temporal's ``RetryPolicy.non_retryable_error_types``: the default retries errors, never a cancellation)."""
+RETRY_ON_CHOICES = ("Failed", "Timeout", "Cancelled", "Fenced")
+"""``Fenced``: a run killed because its supervisor lost the job lease or its liveness lease (recorded
+Failed, retried only when listed: another supervisor may hold the job by then)."""
+
+
+def retry_on(job: Row) -> tuple[str, ...]:
+    """The statuses that retry a run of ``job``: its ``retry_on`` (comma-separated), else
+    :data:`RETRY_ON_DEFAULT`."""
+    value = job.get("retry_on")
+    if not value:
+        return RETRY_ON_DEFAULT
+    return tuple(s.strip() for s in value.split(",") if s.strip())
+
+
+def retry_delay_s(job: Row, attempt: int, scheduled_at: dt.datetime) -> float:
+    """Seconds from the end of attempt ``attempt`` (1: the first run) to its retry: ``retry_backoff_s *
+    retry_backoff_factor ** (attempt - 1)``, at most ``retry_backoff_max_s``, plus a jitter in ``[0,
+    retry_max_jitter_s)`` stable per (job, occurrence, attempt) on every supervisor (Celery's
+    ``retry_backoff``/``retry_backoff_max``/``retry_jitter``, Temporal's ``RetryPolicy`` initial interval,
+    backoff coefficient and maximum interval). At most ten years."""
+    backoff_s = job.get("retry_backoff_s")
+    base = 10.0 if backoff_s is None else float(backoff_s)
+    factor = float(job.get("retry_backoff_factor") or 1.0)
+    try:
+        delay = base * factor ** (attempt - 1)
+    except OverflowError:
+        delay = MAX_RUN_TIMEOUT_S
+    cap_s = job.get("retry_backoff_max_s")
+    if cap_s is not None:
+        delay = min(delay, cap_s)
+    jitter = job.get("retry_max_jitter_s") or 0.0
+    if jitter > 0:
+        digest = hashlib.sha256(f"{job.get('name')}|retry|{scheduled_at.isoformat()}|{attempt}".encode()).digest()
+        delay += jitter * int.from_bytes(digest[:8], "big") / 2**64
+    return min(delay, MAX_RUN_TIMEOUT_S)
+
+
+def retry_at(job: Row, *, attempt: int, status: str, scheduled_at: dt.datetime | None,
+             ended_at: dt.datetime) -> dt.datetime | None:
+    """When attempt ``attempt`` of occurrence ``scheduled_at``, which ended ``status`` (a run status, or
+    ``Fenced``) at ``ended_at``, is retried; None when it is not (its failure is final): a manual run (no
+    ``scheduled_at``), a status not in :func:`retry_on` (Completed never), or ``max_retries`` used up
+    (attempt ``max_retries + 1`` is the last). Pure: the caller writes the result with the run's outcome,
+    in one transaction."""
+    max_retries = job.get("max_retries") or 0
+    if scheduled_at is None or max_retries <= 0 or attempt > max_retries or status not in retry_on(job):
+        return None
+    return ended_at + dt.timedelta(seconds=retry_delay_s(job, attempt, scheduled_at))
+
+
+def pending_retry(job: Row) -> bool:
+    """True when the job's due ``next_run_at`` is a pending retry (its ``retry_at``), not an occurrence."""
+    return (job.get("retry_attempt") is not None and job.get("retry_at") is not None
+            and job.get("retry_scheduled_at") is not None and job.get("retry_at") == job.get("next_run_at"))

@@ -36,8 +36,11 @@ NEW_JOB_COLUMNS = {"notify_on_missed", "notify_recipients"}
 NEW_RUN_COLUMNS = {"cancel_requested_at", "cancel_requested_by"}  # 0003
 RESOURCE_RUN_COLUMNS = {"cpu_s", "max_rss_mb"}  # 0011
 TIME_KNOB_COLUMNS = {"dst_gap_policy", "dst_fold_policy", "missed_run_grace_s", "max_total_runtime_s"}  # 0007
+RETRY_JOB_COLUMNS = {"max_retries", "retry_backoff_s", "retry_backoff_factor", "retry_backoff_max_s",  # 0012
+                     "retry_max_jitter_s", "retry_on", "retry_at", "retry_attempt", "retry_scheduled_at",
+                     "retry_next_run_at", "pause_after_failures", "consecutive_failures", "paused_reason"}
 LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
-NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0009
+NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0008
 ACCOUNTING_COLUMNS = {"missed_count"}  # 0010, on jobs and runs
 
 
@@ -145,10 +148,18 @@ def without_0002(reflected: dict) -> dict:
            if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS
-                                               | ACCOUNTING_COLUMNS}}
+                                               | ACCOUNTING_COLUMNS | RETRY_JOB_COLUMNS}}
+
+    def before_0012(item: tuple) -> tuple:  # 0012 widened the occurrence's unique index by attempt
+        if item == ("uq_runs_job_id_scheduled_at_attempt", ("job_id", "scheduled_at", "attempt"), True):
+            return "uq_runs_job_id_scheduled_at", ("job_id", "scheduled_at"), True
+        return ("job_id", "scheduled_at") if item == ("job_id", "scheduled_at", "attempt") else item
+
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
-                                               if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS | ACCOUNTING_COLUMNS},
-                   "indexes": [i for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"]}
+                                               if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS | ACCOUNTING_COLUMNS
+                                               | {"attempt"}},
+                   "indexes": sorted(before_0012(i) for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"),
+                   "uniques": sorted(before_0012(u) for u in out["runs"]["uniques"])}
     out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
                                                              if k not in NEW_SUPERVISOR_COLUMNS}}
     return out
@@ -314,9 +325,9 @@ def test_0007_upgrade_keeps_rows_and_gives_old_jobs_todays_dst_rules(backend_url
 
 
 def test_0010_upgrade_keeps_rows_and_counts_nothing_missed_before_it(backend_url):
-    """0009 -> 0010 with data: nothing changes, every job and run gets missed_count 0, and a claim after
+    """0008 -> 0010 with data: nothing changes, every job and run gets missed_count 0, and a claim after
     the upgrade adds to it."""
-    engine = make_at(backend_url, "0009")
+    engine = make_at(backend_url, "0008")
     try:
         fill(engine)
         inspector = sa.inspect(engine)
@@ -341,9 +352,9 @@ def test_0010_upgrade_keeps_rows_and_counts_nothing_missed_before_it(backend_url
 
 @pytest.mark.timeout(60)
 def test_0011_upgrade_keeps_every_run_and_old_runs_have_no_resource_figures(backend_url):
-    """0009 -> 0011 with data: every row is kept as it was; runs recorded before have no cpu_s/max_rss_mb,
+    """0008 -> 0011 with data: every row is kept as it was; runs recorded before have no cpu_s/max_rss_mb,
     and a run finished afterwards records both."""
-    engine = make_at(backend_url, "0009")
+    engine = make_at(backend_url, "0008")
     try:
         fill(engine)
         inspector = sa.inspect(engine)
@@ -518,3 +529,46 @@ def test_concurrent_first_opens_all_succeed(backend, tmp_path):
             assert migrate.check(engine).up_to_date
         finally:
             engine.dispose()
+
+
+def test_0012_upgrade_keeps_rows_makes_them_attempt_1_and_allows_a_retry_of_an_occurrence(backend_url):
+    """0002 -> head with data: nothing changes, old runs are attempt 1, old jobs have no retries, no pending
+    retry and no pause on failure; afterwards a second attempt of an occurrence is accepted, a second run of
+    the same attempt still refused."""
+    engine = make_at(backend_url, "0002")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            assert set(conn.execute(sa.select(runs.c.attempt)).scalars()) == {1}
+            rows = conn.execute(sa.select(jobs.c.max_retries, jobs.c.retry_backoff_s, jobs.c.retry_backoff_factor,
+                                          jobs.c.retry_at, jobs.c.pause_after_failures, jobs.c.consecutive_failures,
+                                          jobs.c.paused_reason).order_by(jobs.c.id)).all()
+        assert [tuple(r) for r in rows] == [(0, 10.0, 2.0, None, None, 0, None)] * 2
+        retry = {"job_id": 1, "scheduled_at": T0, "started_at": T0, "status": "Failed"}  # run 10's occurrence
+        with engine.begin() as conn:
+            conn.execute(runs.insert().values(**retry, attempt=2))
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(runs.insert().values(**retry, attempt=2))
+    finally:
+        engine.dispose()
+
+
+def test_0012_keeps_the_values_of_columns_added_by_other_revisions(backend_url):
+    """0012 rebuilds runs on SQLite: it copies the table as it finds it, so a column another revision
+    added before it (0011's cpu_s, here) keeps its values."""
+    engine = make_at(backend_url, "0011")
+    try:
+        fill(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE runs SET cpu_s = 1.5, max_rss_mb = 64.0 WHERE id = 11"))
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(runs.c.cpu_s, runs.c.max_rss_mb, runs.c.attempt).where(runs.c.id == 11)).one()
+        assert tuple(row) == (1.5, 64.0, 1)
+    finally:
+        engine.dispose()

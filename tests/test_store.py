@@ -1190,7 +1190,7 @@ def test_schema_creates_tables_and_indexes(any_store):
     assert ["name"] in [u["column_names"] for u in inspector.get_unique_constraints("jobs")]
     run_uniques = {u["name"]: u["column_names"] for u in inspector.get_unique_constraints("runs")}
     run_uniques.update({ix["name"]: ix["column_names"] for ix in inspector.get_indexes("runs") if ix["unique"]})
-    assert run_uniques["uq_runs_job_id_scheduled_at"] == ["job_id", "scheduled_at"]
+    assert run_uniques["uq_runs_job_id_scheduled_at_attempt"] == ["job_id", "scheduled_at", "attempt"]
     assert inspector.get_pk_constraint("supervisors")["constrained_columns"] == ["instance"]
 
 

@@ -32,6 +32,7 @@ from mjsched_isolated.enums import (
     RunStatus,
     values,
 )
+from mjsched_isolated.planner import RETRY_ON_CHOICES
 
 EPILOG = """\
 examples:
@@ -128,6 +129,22 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--max-total-runtime-s", field="max_total_runtime_s", type=float, metavar="S",
         help="hard cap on a run's runtime: killed S seconds after it started, whatever its heartbeats")
     # -- end of time knobs --
+    # -- retries and pause on repeated failure (issue 12 points 5, 8) --
+    add("--max-retries", field="max_retries", type=int, metavar="N",
+        help="retry a failed or timed-out occurrence up to N times (default 0: no retry)")
+    add("--retry-backoff-s", field="retry_backoff_s", type=float, metavar="S",
+        help="delay before the first retry (default 10), multiplied by --retry-backoff-factor for each next one")
+    add("--retry-backoff-factor", field="retry_backoff_factor", type=float, metavar="F",
+        help="each retry waits F times longer than the one before (default 2; 1: a constant delay)")
+    add("--retry-backoff-max-s", field="retry_backoff_max_s", type=float, metavar="S",
+        help="cap on the delay between retries (default: none)")
+    add("--retry-max-jitter-s", field="retry_max_jitter_s", type=float, metavar="S",
+        help="add up to S seconds to each retry's delay, stable per attempt (default 0)")
+    add("--retry-on", field="retry_on", metavar="A,B",
+        help=f"run statuses that retry, of {', '.join(RETRY_ON_CHOICES)} (default Failed,Timeout; a worker crash "
+             "is Failed)")
+    add("--pause-after-failures", field="pause_after_failures", type=int, metavar="N",
+        help="pause the job after N consecutive failed runs (final failures, after retries); resume clears it")
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
         help="random delay, stable per occurrence, up to S seconds (below the schedule's interval)")
     add("--max-runtime-minutes", field="max_runtime_minutes", type=int, metavar="N",

@@ -90,14 +90,14 @@ class _Statements:
         self.dialect = dialect
         now = schema.db_now(dialect)
         self.db_now = sa.select(now)
-        self._claims: dict[tuple[bool, bool, bool, bool], sa.Update] = {}
+        self._claims: dict[tuple[bool, bool, bool, bool, bool], sa.Update] = {}
         self.insert_run = runs.insert().values(
             job_id=sa.bindparam("p_job_id"), scheduled_at=sa.bindparam("p_scheduled_at", type_=schema.UTCDateTime),
             started_at=sa.bindparam("p_started_at", type_=schema.UTCDateTime), status=RunStatus.RUNNING,
             executed_by_instance=sa.bindparam("p_instance"),
             lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
             queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime),
-            missed_count=sa.bindparam("p_missed", type_=sa.Integer))
+            missed_count=sa.bindparam("p_missed", type_=sa.Integer), attempt=sa.bindparam("p_attempt"))
         completed = sa.bindparam("p_completed_at", type_=schema.UTCDateTime)
         # a result lands only on the run row claimed with its token (ids alone could name another run)
         finish_values = dict(
@@ -120,6 +120,12 @@ class _Statements:
             (jobs.c.success_count, jobs.c.success_count + sa.bindparam("p_successes", type_=sa.Integer)),
             (jobs.c.failure_count, jobs.c.failure_count + sa.bindparam("p_failures", type_=sa.Integer)),
             (jobs.c.last_run_at, last_run_at),
+            # final failures in a row (revision 0012): a success resets it, a failure that will be retried
+            # leaves it as it is
+            (jobs.c.consecutive_failures, sa.case(
+                (sa.bindparam("p_successes", type_=sa.Integer) == 1, 0),
+                (sa.bindparam("p_final_failure", type_=sa.Integer) == 1, jobs.c.consecutive_failures + 1),
+                else_=jobs.c.consecutive_failures)),
         ]
         duration = sa.bindparam("p_duration_ms", type_=sa.Float)
         where = jobs.c.id == sa.bindparam("p_job_id")
@@ -130,10 +136,27 @@ class _Statements:
                                              / (jobs.c.run_count + 1))),
             (jobs.c.last_duration_ms, duration), *counts)
         self.stats = jobs.update().where(where).ordered_values(*counts)
+        self.pause_on_failures = jobs.update().where(
+            where, jobs.c.status == "Active", jobs.c.pause_after_failures.is_not(None),
+            jobs.c.pause_after_failures > 0, jobs.c.consecutive_failures >= jobs.c.pause_after_failures).values(
+            status="Paused", next_run_at=None, paused_reason=sa.bindparam("p_reason", type_=sa.Text),
+            updated_at=sa.func.coalesce(completed, now), **_NO_RETRY)
+        retry_at = sa.bindparam("p_retry_at", type_=schema.UTCDateTime(exact=True))
+        # a retry is pending while next_run_at is its retry_at; the occurrence it displaced waits in
+        # retry_next_run_at (one pending retry per job: a second failure meanwhile is final)
+        self.set_retry = jobs.update().where(
+            where, jobs.c.status == "Active",
+            sa.or_(jobs.c.retry_at.is_(None), jobs.c.next_run_at.is_(None), jobs.c.retry_at != jobs.c.next_run_at),
+        ).ordered_values(
+            (jobs.c.retry_next_run_at, jobs.c.next_run_at), (jobs.c.next_run_at, retry_at), (jobs.c.retry_at, retry_at),
+            (jobs.c.retry_attempt, sa.bindparam("p_retry_attempt", type_=sa.Integer)),
+            (jobs.c.retry_scheduled_at, sa.bindparam("p_retry_scheduled_at", type_=schema.UTCDateTime)))
 
-    def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool) -> sa.Update:
-        """The occurrence compare-and-set (plus the lease, and a status change) for one shape of claim."""
-        key = (seen_is_none, take_lease, only_free_lease, with_status)
+    def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
+              retry: bool = False) -> sa.Update:
+        """The occurrence compare-and-set (plus the lease, a status change, and for a ``retry`` the end of
+        the pending retry) for one shape of claim."""
+        key = (seen_is_none, take_lease, only_free_lease, with_status, retry)
         stmt = self._claims.get(key)
         if stmt is None:
             conds = [jobs.c.id == sa.bindparam("p_job_id"),
@@ -147,6 +170,8 @@ class _Statements:
             if with_status:
                 values.update(status=sa.bindparam("p_status"),
                               updated_at=sa.bindparam("p_now", type_=schema.UTCDateTime))
+            if retry:
+                values.update(_NO_RETRY)
             if take_lease:
                 conds.append(jobs.c.lock_token.is_(None) if only_free_lease else lease_free(self.dialect))
                 values.update(lock_token=sa.bindparam("p_token"), locked_at=schema.db_now(self.dialect),
@@ -156,8 +181,13 @@ class _Statements:
         return stmt
 
 
+_NO_RETRY: dict[str, Any] = {"retry_at": None, "retry_attempt": None, "retry_scheduled_at": None,
+                             "retry_next_run_at": None}
+
+
 class ClaimRequest(msgspec.Struct, frozen=True):
-    """One occurrence to claim (see :meth:`Leases.claim` for the fields)."""
+    """One occurrence to claim (see :meth:`Leases.claim` for the fields). ``attempt``: the run's attempt
+    number (1, or a retry's); ``retry``: this claims the job's pending retry (its columns are cleared)."""
 
     job: Mapping[str, Any]
     next_run_at: dt.datetime | None
@@ -170,11 +200,15 @@ class ClaimRequest(msgspec.Struct, frozen=True):
     only_free_lease: bool = False
     missed: int = 0  # occurrences this claim folds (added to the job's and the run's missed_count)
     skipped: int = 0  # occurrences it passes over because a run was live (Queue: added to skipped_count)
+    attempt: int = 1
+    retry: bool = False
 
 
 class Outcome(msgspec.Struct):
     """One run's terminal state for :meth:`Leases.finish_runs` (see :meth:`Leases.finish_run` for the fields;
-    ``completed_at`` None: the database's now at the write)."""
+    ``completed_at`` None: the database's now at the write). ``retry_at``: the failure is retried then
+    (attempt ``attempt + 1`` of occurrence ``scheduled_at``); ``pause_reason``/``pause_notices``: what a
+    pause on repeated failure records, should this final failure reach the job's ``pause_after_failures``."""
 
     run_id: int
     job_id: int
@@ -189,6 +223,13 @@ class Outcome(msgspec.Struct):
     completed_at: dt.datetime | None = None
     cpu_s: float | None = None
     max_rss_mb: float | None = None
+    scheduled_at: dt.datetime | None = None
+    attempt: int = 1
+    retry_at: dt.datetime | None = None
+    pause_reason: str | None = None
+    pause_notices: list[OutboxRow] | None = None
+    retry_set: bool = False  # set by finish_runs: the retry was written (no other retry was pending)
+    paused: bool = False  # set by finish_runs: the job was paused by this outcome
 
 
 def _abandon_message(run: Mapping[str, Any]) -> str:
@@ -265,7 +306,7 @@ class Leases:
         params: dict[str, Any] = {"p_job_id": r.job["id"], "p_seen": seen, "p_next_run_at": r.next_run_at,
                                   "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
                                   "p_lease_s": r.lease_s, "p_missed": r.missed, "p_skipped": r.skipped}
-        stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None)
+        stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None, r.retry)
         return token if conn.execute(stmt, params).rowcount == 1 else False
 
     def _insert_runs(self, conn: sa.Connection, requests: Sequence[ClaimRequest], tokens: list[str | bool | None],
@@ -281,7 +322,7 @@ class Leases:
             key = conn.execute(self._stmts.insert_run, {
                 "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
                 "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
-                "p_queued_at": r.queued_at, "p_missed": r.missed}).inserted_primary_key
+                "p_queued_at": r.queued_at, "p_missed": r.missed, "p_attempt": r.attempt}).inserted_primary_key
             assert key is not None  # an INSERT of one row always has one
             claims.append(Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at))
         return claims
@@ -336,13 +377,26 @@ class Leases:
                 "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
                 "p_max_rss_mb": o.max_rss_mb}).rowcount == 1 for o in outcomes]
             won = [o for o, d in zip(outcomes, done, strict=True) if d]
+            for o in won:  # the pending retry, before the statistics (a retried failure is not final)
+                if o.retry_at is not None:
+                    o.retry_set = conn.execute(st.set_retry, {
+                        "p_job_id": o.job_id, "p_retry_at": o.retry_at, "p_retry_attempt": o.attempt + 1,
+                        "p_retry_scheduled_at": o.scheduled_at}).rowcount == 1
             counted = [o for o in won if o.count]
             for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None]),
                                 (st.stats_with_duration, [o for o in counted if o.duration_ms is not None])):
                 if group:
                     conn.execute(stmt, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
                                          "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
+                                         "p_final_failure": 0 if o.success or o.retry_set else 1,
                                          "p_completed_at": o.completed_at} for o in group])
+            for o in won:
+                if o.pause_reason is not None and not o.success and not o.retry_set and o.count:
+                    o.paused = conn.execute(st.pause_on_failures, {
+                        "p_job_id": o.job_id, "p_reason": o.pause_reason,
+                        "p_completed_at": o.completed_at}).rowcount == 1
+                    if o.paused and o.pause_notices:
+                        insert_notices(conn, self.dialect, o.pause_notices)
             releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won if o.token is not None]
             if releases:
                 conn.execute(st.release, releases)
@@ -435,7 +489,8 @@ class Leases:
                                         error_message=run["error_message"], duration_ms=duration_ms)).rowcount:
                 return False
             conn.execute(self._stmts.stats_with_duration, {"p_job_id": run["job_id"], "p_successes": 0,
-                                                           "p_failures": 1, "p_duration_ms": duration_ms,
+                                                           "p_failures": 1, "p_final_failure": 1,
+                                                           "p_duration_ms": duration_ms,
                                                            "p_completed_at": ended})
             if run["lock_token"] is not None:
                 conn.execute(self._stmts.release, {"p_job_id": run["job_id"], "p_token": run["lock_token"]})

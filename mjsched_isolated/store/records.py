@@ -69,6 +69,19 @@ class JobRow(TypedDict):
     dst_fold_policy: str
     missed_run_grace_s: float | None
     max_total_runtime_s: float | None
+    max_retries: int
+    retry_backoff_s: float
+    retry_backoff_factor: float
+    retry_backoff_max_s: float | None
+    retry_max_jitter_s: float | None
+    retry_on: str | None
+    retry_at: dt.datetime | None
+    retry_attempt: int | None
+    retry_scheduled_at: dt.datetime | None
+    retry_next_run_at: dt.datetime | None
+    pause_after_failures: int | None
+    consecutive_failures: int
+    paused_reason: str | None
     lock_token: str | None
     locked_at: dt.datetime | None
     locked_by_instance: str | None
@@ -98,6 +111,7 @@ class _RunColumns(TypedDict):
     missed_count: int
     cpu_s: float | None
     max_rss_mb: float | None
+    attempt: int
 
 
 class RunRow(_RunColumns):

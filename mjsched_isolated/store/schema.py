@@ -155,6 +155,22 @@ jobs = sa.Table(
     sa.Column("dst_fold_policy", sa.String(20), nullable=False, server_default="OnceIfFixedHour"),
     sa.Column("missed_run_grace_s", sa.Float),  # none: missed once the next occurrence is due
     sa.Column("max_total_runtime_s", sa.Float),  # none: no hard cap
+    # -- retries and pause on repeated failure (revision 0012); see planner.retry_at --
+    sa.Column("max_retries", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("retry_backoff_s", sa.Float, nullable=False, server_default="10"),  # the first retry's delay
+    sa.Column("retry_backoff_factor", sa.Float, nullable=False, server_default="2"),
+    sa.Column("retry_backoff_max_s", sa.Float),  # none: no cap on the delay
+    sa.Column("retry_max_jitter_s", sa.Float),  # none: no jitter
+    sa.Column("retry_on", sa.String(100)),  # comma-separated run statuses; none: Failed,Timeout
+    # the pending retry (all NULL: none): due at retry_at (= next_run_at while pending), of occurrence
+    # retry_scheduled_at, attempt retry_attempt; retry_next_run_at is the next_run_at it displaced
+    sa.Column("retry_at", UTCDateTime),
+    sa.Column("retry_attempt", sa.Integer),
+    sa.Column("retry_scheduled_at", UTCDateTime),
+    sa.Column("retry_next_run_at", UTCDateTime),
+    sa.Column("pause_after_failures", sa.Integer),  # none: never paused for failures
+    sa.Column("consecutive_failures", sa.Integer, nullable=False, server_default="0"),  # final failures in a row
+    sa.Column("paused_reason", sa.Text),
     sa.Column("lock_token", sa.String(36)),
     sa.Column("locked_at", UTCDateTime),
     sa.Column("locked_by_instance", sa.String(255)),
@@ -192,12 +208,14 @@ runs = sa.Table(
     # what the run used, measured by its worker (revision 0011): CPU seconds, peak resident memory in MiB
     sa.Column("cpu_s", sa.Float),
     sa.Column("max_rss_mb", sa.Float),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),  # 1 the first run, 2 its first retry
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),
     sa.Index("ix_runs_started_at", "started_at", "status"),  # dashboard charts, time filters (revision 0006)
-    # at most one run per occurrence, whatever the number of supervisors (manual runs have no scheduled_at)
-    sa.UniqueConstraint("job_id", "scheduled_at", name="uq_runs_job_id_scheduled_at"),
+    # at most one run per occurrence and attempt, whatever the number of supervisors (manual runs have no
+    # scheduled_at; a retry is a new run of the same occurrence, revision 0012)
+    sa.UniqueConstraint("job_id", "scheduled_at", "attempt", name="uq_runs_job_id_scheduled_at_attempt"),
     # a deleted run's id must never come back: a late result of the old run would land on the new one
     sqlite_autoincrement=True,
 )
@@ -212,7 +230,7 @@ supervisors = sa.Table(
     # the liveness lease: every lease and run this supervisor holds is live only while this is in the future
     sa.Column("lease_expires_at", UTCDateTime, nullable=False),
     sa.Column("stopped_at", UTCDateTime),
-    sa.Column("max_concurrent_jobs", sa.Integer),  # its worker cap (None: a row written before 0009)
+    sa.Column("max_concurrent_jobs", sa.Integer),  # its worker cap (None: a row written before 0008)
     sa.Column("version", sa.String(40)),  # the mjsched_isolated version it runs
 )
 

@@ -204,6 +204,11 @@ class Dispatcher:
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
+        if planner.pending_retry(job):  # a retry of an occurrence that already came due: no policy applies
+            if job["job_type"] not in known:
+                self.unrunnable[job["id"]] = job["job_type"]
+                return False, None, job
+            return True, job["retry_next_run_at"], job
         if planner.expired(job, now):  # its due occurrence (before end_at) is not run: counted missed
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired", missed=1):
                 self.metrics.occurrences_missed("dropped", 1)
@@ -256,11 +261,12 @@ class Dispatcher:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
         the won ones over; a lost claim of a Skip job skips its occurrence (a run is still live), of a Queue
         job (or a RunAll catch-up) leaves it waiting for the live run to end. Returns how many were won."""
-        flights = self._claim_many([(job, next_run_at, worker, job["next_run_at"]) for job, next_run_at, worker
-                                    in to_run], now)
+        flights = self._claim_many([(job, next_run_at, worker, job["retry_scheduled_at"] if planner.pending_retry(job)
+                                     else job["next_run_at"]) for job, next_run_at, worker in to_run], now)
         for (job, next_run_at, _), flight in zip(to_run, flights, strict=True):
             seen = job["next_run_at"]
             if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
+                    and not planner.pending_retry(job)  # a retry waits for the live run, never skipped
                     and job["missed_run_policy"] != "RunAll"):
                 self._skip_live_one(job, seen, next_run_at, now)
         return sum(f is not None for f in flights)
@@ -317,9 +323,11 @@ class Dispatcher:
         holding = self.clock.holding_takeovers(now)
         requests, timeouts = [], []
         for job, next_run_at, _, scheduled_at in items:
+            retry = scheduled_at is not None and planner.pending_retry(job)
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
-            queued_at = planner.queued_at(job, scheduled_at)
-            passed = planner.occurrences_between(job, scheduled_at, next_run_at) if scheduled_at else 0
+            queued_at = None if retry else planner.queued_at(job, scheduled_at)
+            # a retry's occurrence was accounted for by its first attempt
+            passed = planner.occurrences_between(job, scheduled_at, next_run_at) if scheduled_at and not retry else 0
             # a Queue run that waited passes over what came due while the live run went on (Queue keeps one
             # occurrence waiting): skipped by concurrency; otherwise folded by the missed-run policy
             timeouts.append(timeout_s)
@@ -330,14 +338,15 @@ class Dispatcher:
                 take_lease=job["concurrency_mode"] != "Concurrent", scheduled_at=scheduled_at,
                 queued_at=queued_at, only_free_lease=holding,
                 status="Expired" if next_run_at is None and scheduled_at is not None else None,
-                missed=0 if queued_at else passed, skipped=passed if queued_at else 0))
+                missed=0 if queued_at else passed, skipped=passed if queued_at else 0,
+                attempt=(job["retry_attempt"] or 1) if retry else 1, retry=retry))
         claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
         flights: list[InFlight | None] = []
         for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
                                                                                        claims, strict=True):
             flights.append(None if claim is None else
                            self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
-                                           request.missed))
+                                           request.missed, request.attempt))
             if claim is not None and request.skipped:
                 self.metrics.occurrence_skipped("concurrency", request.skipped)
                 log.warning("job %s: %s occurrence%s after %s skipped: they came due while its run was live "
@@ -348,9 +357,11 @@ class Dispatcher:
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
-                   timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0) -> InFlight:
+                   timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0,
+                   attempt: int = 1) -> InFlight:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
+        flight.attempt = attempt
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         request = protocol.RunRequest(
@@ -366,10 +377,11 @@ class Dispatcher:
         if missed:
             self.metrics.occurrences_missed("folded", missed)
         if log.isEnabledFor(logging.INFO):
-            log.info("run %d started: job %s (%s) for %s on worker %d, deadline %s%s", claim.run_id, job["name"],
-                     job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request", worker.pid,
-                     iso(deadline), f", catching up {how_many(missed)} missed occurrence{'s' * (missed != 1)}" if missed
-                     else "", extra=log_ctx(flight))
+            log.info("run %d started: job %s (%s) for %s%s on worker %d, deadline %s%s", claim.run_id, job["name"],
+                     job["job_type"], iso(scheduled_at) if scheduled_at else "a manual request",
+                     f" (attempt {attempt})" if attempt > 1 else "", worker.pid, iso(deadline),
+                     f", catching up {how_many(missed)} missed occurrence{'s' * (missed != 1)}" if missed else "",
+                     extra=log_ctx(flight))
         return flight
 
     # -- rows that cannot be scheduled ----------------------------------------------------------------

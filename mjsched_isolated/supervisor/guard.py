@@ -123,7 +123,7 @@ class RunGuard:
         self.metrics.run_killed("fence")
         log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Failed", success=False,
-                             error_message=f"fenced: run killed because {why}")
+                             error_message=f"fenced: run killed because {why}", fenced=True)
 
     def fence_unheld(self, now: dt.datetime) -> None:
         """After a renewal: fence runs whose job lease or run row this supervisor no longer holds (matched by

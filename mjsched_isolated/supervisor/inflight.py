@@ -8,6 +8,9 @@ from typing import Any
 
 from mjsched_isolated import planner
 
+RETRY_FIELDS = ("max_retries", "retry_backoff_s", "retry_backoff_factor", "retry_backoff_max_s", "retry_max_jitter_s",
+                "retry_on", "pause_after_failures")
+
 
 class InFlight:
     """A run this supervisor is executing: which worker, under which lease token, until when.
@@ -35,8 +38,9 @@ class InFlight:
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
+        self.attempt = 1  # the run's attempt number (a retry's: 2, 3, ...)
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
-                                            "notify_recipients", "max_memory_mb")}
+                                            "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
 
     @property
     def wake_at(self) -> dt.datetime:

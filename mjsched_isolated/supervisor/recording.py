@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from mjsched_isolated import notices, protocol
+from mjsched_isolated import notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.logs import one_line
@@ -42,32 +42,47 @@ class Recorder:
 
     def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                error_message: str | None = None, details: dict | None = None, count: bool = True,
-               notification: protocol.NoticeText | None = None) -> None:
+               notification: protocol.NoticeText | None = None, fenced: bool = False) -> None:
         """Write the run's terminal ``status`` (Completed, Failed, Timeout, Cancelled), the job's statistics
         (unless ``count`` is False: a cancelled run does not count), the lease release and its notices, in
         one transaction. ``now`` (database time) is when the run ended: its ``completed_at`` even when the
         write happens later (an outage), never before its ``started_at``; ``duration_ms`` is ``completed_at
-        - started_at``, as the reference's. ``notification``: the plugin's formatted notice. Never raises:
-        an unreachable database keeps the outcome in :attr:`pending`."""
+        - started_at``, as the reference's. ``notification``: the plugin's formatted notice. ``fenced``: the
+        run was killed because this supervisor lost its lease (retried only if the job's ``retry_on`` lists
+        ``Fenced``). Never raises: an unreachable database keeps the outcome in :attr:`pending`."""
         self.record_many([(flight, self.outcome(flight, now, status=status, success=success,
                                                 error_message=error_message, details=details, count=count,
-                                                notification=notification))])
+                                                notification=notification, fenced=fenced))])
 
     def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                 error_message: str | None = None, details: dict | None = None, count: bool = True,
                 notification: protocol.NoticeText | None = None, cpu_s: float | None = None,
-                max_rss_mb: float | None = None) -> Outcome:
-        """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there); ``cpu_s`` and
+                max_rss_mb: float | None = None, fenced: bool = False) -> Outcome:
+        """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there), with the retry
+        of a failure the job retries (:func:`planner.retry_at`) and, for a job with ``pause_after_failures``,
+        the pause its final failure may cause (judged by the store on the job's counter); ``cpu_s`` and
         ``max_rss_mb``: the run's CPU seconds and peak memory (MiB) as the worker measured them."""
-        rows = (notices.outbox_rows(notices.for_run(flight.job, flight.run_id, status=status,
-                                                    error_message=error_message, text=notification,
-                                                    scheduled_at=flight.scheduled_at),
-                                    self.settings.notifications.channels())
-                if self.settings.notifications.channels() else [])
         completed_at = max(now, flight.recorded_start)
-        return Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
-                       (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at,
-                       cpu_s, max_rss_mb)
+        job, channels = flight.job, self.settings.notifications.channels()
+        retry_at = None if success else planner.retry_at(job, attempt=flight.attempt,
+                                                        status="Fenced" if fenced else status,
+                                                        scheduled_at=flight.scheduled_at, ended_at=completed_at)
+        retry = None if retry_at is None else (flight.attempt, int(job["max_retries"] or 0), retry_at)
+        rows = (notices.outbox_rows(notices.for_run(job, flight.run_id, status=status, error_message=error_message,
+                                                    text=notification, scheduled_at=flight.scheduled_at,
+                                                    retry=retry), channels) if channels else [])
+        outcome = Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
+                          (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at,
+                          cpu_s, max_rss_mb, scheduled_at=flight.scheduled_at, attempt=flight.attempt,
+                          retry_at=retry_at)
+        limit = job.get("pause_after_failures")
+        if limit and not success and count and retry_at is None:
+            outcome.pause_reason = (f"{limit} consecutive failed runs (pause_after_failures {limit}); the last, "
+                                    f"run {flight.run_id}, ended {status}" + (f": {one_line(error_message)[:300]}"
+                                                                            if error_message else ""))
+            outcome.pause_notices = notices.outbox_rows(
+                notices.for_pause(job, flight.run_id, outcome.pause_reason), channels) if channels else []
+        return outcome
 
     def record_many(self, items: list[tuple[InFlight, Outcome]]) -> None:
         """Record several outcomes (results that arrived together) in one transaction (group commit), behind
@@ -148,6 +163,14 @@ class Recorder:
         self.metrics.run_finished(flight.job_type, status, duration_ms / 1000)
         if outcome.notices:
             self.wake_sender()
+        if outcome.retry_set and outcome.retry_at is not None:
+            log.warning("run %d of job %s: %s, retry %d of %d at %s", flight.run_id, flight.job_name, status,
+                        outcome.attempt, flight.job["max_retries"], outcome.retry_at.isoformat(), extra=log_ctx(flight))
+        elif outcome.retry_at is not None:
+            log.warning("run %d of job %s: %s; not retried: another retry of the job is pending", flight.run_id,
+                        flight.job_name, status, extra=log_ctx(flight))
+        if outcome.paused:
+            log.error("job %s paused: %s", flight.job_name, outcome.pause_reason, extra=log_ctx(flight))
         level = logging.INFO if status == "Completed" else logging.ERROR
         if log.isEnabledFor(level):
             error_message = outcome.error_message

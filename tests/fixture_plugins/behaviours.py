@@ -317,3 +317,25 @@ class Burn(BaseScheduledJob):
             subprocess.run([sys.executable, "-c", _BURN.format(mb=cfg.child_alloc_mb, cpu_s=cfg.child_cpu_s)],
                            check=True)
         return ScheduledJobResult(success=True)
+
+
+class FlakyConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    counter_dir: str
+    fail_times: int = 2
+
+
+class Flaky(BaseScheduledJob):
+    """Fails its first ``fail_times`` runs, then succeeds: counts its runs in ``<counter_dir>/<job>.count``
+    (one line per run: the wall-clock time it began and the run id)."""
+
+    job_type = "flaky"
+    configuration_type = FlakyConfig
+
+    def execute(self, context):
+        path = Path(context.configuration.counter_dir, f"{context.job_name}.count")
+        with path.open("a") as f:
+            f.write(f"{time.time()} {context.run_id}\n")
+        runs = len(path.read_text().splitlines())
+        if runs <= context.configuration.fail_times:
+            return ScheduledJobResult(success=False, error_message=f"flaky failure {runs}")
+        return ScheduledJobResult(success=True, details={"runs": runs})

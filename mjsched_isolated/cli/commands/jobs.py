@@ -32,6 +32,8 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("start_at", "end_at"):
         if key in fields:
             fields[key] = iso_arg("--" + key.replace("_", "-"), fields[key]) if fields[key] else None
+    if "retry_on" in fields:
+        fields["retry_on"] = [s.strip() for s in fields["retry_on"].split(",") if s.strip()] or None
     if "notify_recipients" in fields:
         fields["notify_recipients"] = [a.strip() for a in fields["notify_recipients"].split(",") if a.strip()] or None
     return fields

@@ -12,7 +12,7 @@ from mjsched_isolated.cli.commands import open_store
 from mjsched_isolated.cli.exits import Exit
 from mjsched_isolated.errors import InputError, NotFoundError
 
-LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "started_at", "duration_ms", "error_message"]
+LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "attempt", "started_at", "duration_ms", "error_message"]
 PRUNE_FLAGS = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
 
 MAX_LIMIT = 2**31 - 1  # every database's INTEGER holds it (SQLite overflowed past 2**63 with a traceback)

@@ -1,7 +1,7 @@
 """jobs.missed_count and runs.missed_count: every occurrence accounted for (issue 12)
 
 Revision ID: 0010
-Revises: 0009
+Revises: 0008
 Create Date: 2026-12-02
 
 ``jobs.missed_count``: occurrences the missed-run policy folded into a catch-up run or dropped;
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,6 +1,6 @@
 """supervisors.max_concurrent_jobs and supervisors.version: what status and the dashboard show of each
 
-Revision ID: 0009
+Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-02
 
@@ -10,7 +10,7 @@ Both nullable: rows written before this revision show none (a supervisor writes 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
+revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
