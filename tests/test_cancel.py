@@ -112,7 +112,8 @@ def test_cli_and_client_refuse_unknown_and_finished_runs(tmp_path, capsys, monke
                                 error_message=None, details=None, duration_ms=1.0)
     result = cli("runs", "cancel", "99", "--db", db_url, expect=2)
     assert error_line(result) == "error: id: no run with id 99" and result.stdout == ""
-    result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, expect=2)
+    # an ended run is a refused request (exit 1), not bad input: a cancel racing the run's end is normal
+    result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, expect=1)
     assert error_line(result).startswith(f"error: id: run {claim.run_id} is not running: it ended Completed")
     result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, "--by", "", expect=2)
     assert error_line(result).startswith("error: --by: ")
@@ -174,3 +175,21 @@ def test_ctrl_c_twice_on_jobs_run_still_records_the_run_cancelled_and_frees_the_
     assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
     assert store.get_job("j")["lock_token"] is None
     assert "1 more stop signal(s) while the interrupted run was being cancelled" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_logs_follow_stops_with_exit_1_when_no_supervisor_is_alive_to_end_the_run(tmp_path, capsys, monkeypatch,
+                                                                                   db_url):
+    """`runs logs --follow` of a Running run whose supervisor is gone, with no other supervisor alive to
+    abandon it, used to poll for ever; now it says why and exits 1 (the output so far printed first)."""
+    cli = Cli(capsys, monkeypatch, tmp_path)
+    with Store.open(db_url) as store:
+        job = add_job(store, "j", "ok", YEARLY)
+        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
+                            deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
+        assert claim is not None
+        store.append_run_output(claim.run_id, 0, ["so far\n"], store.db_now())
+    result = cli("runs", "logs", str(claim.run_id), "--follow", "--db", db_url, expect=1)
+    assert result.stdout == "so far\n"
+    assert error_line(result).startswith(f"error: run {claim.run_id} is still Running but no supervisor is alive "
+                                         "to end it (its holder gone-1 ")

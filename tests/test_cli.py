@@ -53,6 +53,9 @@ def _error_line(result) -> str:
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "tomorrow"], "--start-at"),
     (["--type", "ok", "--cron", "* * * * *", "--start-at", "2030-01-02", "--end-at", "2030-01-01"], "end_at"),
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,nobody"], "notify_recipients[1]"),
+    (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", ",,,"], "--notify-recipients"),
+    (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,"], "--notify-recipients"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed,,Timeout"], "--retry-on"),
     (["--type", "ok", "--cron", "0 0 30 2 *"], "cron_expression"),  # February 30th never comes
     (["--type", "ok", "--cron", "* * * * *", "--max-jitter-s", "60"], "max_jitter_s"),  # would swallow runs
     (["--type", "ok", "--cron", "*/5 * * * * *", "--max-jitter-s", "7.5"], "max_jitter_s"),

@@ -32,11 +32,23 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("start_at", "end_at"):
         if key in fields:
             fields[key] = iso_arg("--" + key.replace("_", "-"), fields[key]) if fields[key] else None
-    if "retry_on" in fields:
-        fields["retry_on"] = [s.strip() for s in fields["retry_on"].split(",") if s.strip()] or None
-    if "notify_recipients" in fields:
-        fields["notify_recipients"] = [a.strip() for a in fields["notify_recipients"].split(",") if a.strip()] or None
+    for key in ("retry_on", "notify_recipients"):
+        if key in fields:
+            fields[key] = _comma_list("--" + key.replace("_", "-"), fields[key])
     return fields
+
+
+def _comma_list(flag: str, text: str) -> list[str] | None:
+    """``A,B`` as a list; an empty text clears the field (None). An empty item (``a,,b``, ``,,,``, a
+    trailing comma) is an error naming the flag, not silently dropped: it is most often a lost value."""
+    if not text.strip():
+        return None
+    items = [item.strip() for item in text.split(",")]
+    for position, item in enumerate(items, 1):
+        if not item:
+            raise InputError(flag, f"item {position} of {text!r} is empty (give A,B with no empty items, "
+                                   "or '' to clear)")
+    return items
 
 
 def _next(job: dict) -> str:

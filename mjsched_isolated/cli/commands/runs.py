@@ -60,8 +60,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         try:
             row = ops.cancel_run(store, args.id, args.by)
+        except NotFoundError:
+            raise
         except InputError as exc:
-            raise (exc.renamed("--by") if exc.field == "requested_by" else exc) from None
+            if exc.field != "id":
+                raise (exc.renamed("--by") if exc.field == "requested_by" else exc) from None
+            # the run exists but has ended: not bad input (a race with its end is normal), a refused
+            # request, like `--wait` seeing the run finish first
+            print(f"error: {exc}", file=sys.stderr)
+            return Exit.FAILED
         if args.wait is not None:
             give_up = time.monotonic() + args.wait
             while row["status"] == "Running" and time.monotonic() < give_up:
@@ -99,7 +106,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             if not (args.follow and running):
                 return Exit.OK
+            if (orphan := _nobody_to_end(store, args.id)) is not None:
+                print(f"error: run {args.id} is still Running but {orphan}: stopped following "
+                      "(`mjsched serve` ends it: a live supervisor records an orphaned run Failed)", file=sys.stderr)
+                return Exit.FAILED
             time.sleep(FOLLOW_POLL_S)
+
+
+def _nobody_to_end(store, run_id: int) -> str | None:
+    """Why nobody will ever end the Running run ``run_id`` as things stand (no supervisor alive, its
+    holder's lease included), or None while some supervisor is alive: then the holder finishes it, or
+    another one abandons it once the holder's lease has expired, and ``--follow`` keeps following."""
+    now = store.db_now()
+    if any(s["lease_expires_at"] > now and s["stopped_at"] is None for s in store.list_supervisors()):
+        return None
+    holder = ops.get_run(store, run_id)["executed_by_instance"]
+    return f"no supervisor is alive to end it (its holder {holder} has stopped or its lease has expired)"
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
