@@ -191,9 +191,11 @@ class Store:
                                  queued_at=queued_at, status=status, only_free_lease=only_free_lease)
 
     def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
-                   not_before: dt.datetime | None = None) -> list[Claim | None]:
-        """Claim several occurrences in one transaction, each judged alone (:meth:`Leases.claim_many`)."""
-        return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before)
+                   not_before: dt.datetime | None = None, busy: set[int] | None = None) -> list[Claim | None]:
+        """Claim several occurrences in one transaction, each judged alone; with ``busy``, job rows locked
+        by another transaction are skipped, not waited for, and their indexes added to it
+        (:meth:`Leases.claim_many`)."""
+        return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat a run and its lease (:meth:`Leases.extend`)."""

@@ -152,6 +152,40 @@ class _Statements:
             (jobs.c.retry_attempt, sa.bindparam("p_retry_attempt", type_=sa.Integer)),
             (jobs.c.retry_scheduled_at, sa.bindparam("p_retry_scheduled_at", type_=schema.UTCDateTime)))
 
+        if dialect != "sqlite":
+            self._build_locking(dialect, now)
+
+    def _build_locking(self, dialect: str, now: sa.ColumnElement) -> None:
+        """PostgreSQL and MariaDB/MySQL: the lock-and-fetch of a batched claim (db-scheduler's
+        ``SELECT ... FOR UPDATE SKIP LOCKED``) and the run rows of a batch in one INSERT ... RETURNING."""
+        ids = jobs.c.id.in_(sa.bindparam("p_ids", expanding=True))
+        if dialect == "postgresql":
+            # the lease judged with the rows locked (OF jobs: the supervisors rows read by lease_free are not
+            # locked); then the compare-and-sets are sure to hold and go as one pipelined executemany
+            cols: list[Any] = [jobs.c.id, jobs.c.next_run_at, lease_free(dialect).label("free"),
+                               jobs.c.lock_token.is_(None).label("unheld")]
+            lock = sa.select(*cols).where(ids).order_by(jobs.c.id)
+            self.lock_jobs = lock.with_for_update(of=jobs)
+            self.lock_jobs_skip = lock.with_for_update(of=jobs, skip_locked=True)
+        else:
+            # MariaDB: only the jobs rows are read under the lock (a locking read's subquery would lock the
+            # supervisors rows too); the lease is judged by the per-row UPDATE as on SQLite. By the primary key
+            # only: on a small table InnoDB would otherwise scan (and, repeatable read, lock) every row
+            lock = (sa.select(jobs.c.id, jobs.c.next_run_at).with_hint(jobs, "FORCE INDEX (PRIMARY)", "*")
+                    .where(ids).order_by(jobs.c.id))
+            self.lock_jobs = lock.with_for_update()
+            self.lock_jobs_skip = lock.with_for_update(skip_locked=True)
+        # started_at: the database's now at the INSERT (after every lease was judged), not before p_not_before
+        started = sa.type_coerce(sa.func.greatest(now, sa.func.coalesce(
+            sa.bindparam("p_not_before", type_=schema.UTCDateTime), now)), schema.UTCDateTime)
+        self.insert_runs = runs.insert().values(
+            job_id=sa.bindparam("p_job_id"), scheduled_at=sa.bindparam("p_scheduled_at", type_=schema.UTCDateTime),
+            started_at=started, status=RunStatus.RUNNING, executed_by_instance=sa.bindparam("p_instance"),
+            lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
+            queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime),
+            missed_count=sa.bindparam("p_missed", type_=sa.Integer), attempt=sa.bindparam("p_attempt"),
+        ).returning(runs.c.id, runs.c.job_id, runs.c.started_at)
+
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
         """The occurrence compare-and-set (plus the lease, a status change, and for a ``retry`` the end of
@@ -183,6 +217,11 @@ class _Statements:
 
 _NO_RETRY: dict[str, Any] = {"retry_at": None, "retry_attempt": None, "retry_scheduled_at": None,
                              "retry_next_run_at": None}
+
+
+class _RecheckError(Exception):
+    """A claim's UPDATE did not match what its locking read judged (a lease renewed in between): the batch
+    is rolled back and judged row by row."""
 
 
 class ClaimRequest(msgspec.Struct, frozen=True):
@@ -265,19 +304,32 @@ class Leases:
         return self.claim_many([request], now=now, instance=instance)[0]
 
     def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
-                   not_before: dt.datetime | None = None) -> list[Claim | None]:
+                   not_before: dt.datetime | None = None, busy: set[int] | None = None) -> list[Claim | None]:
         """Claim several occurrences in ONE transaction (issue 11: one commit for a whole poll's worth), each
         judged by its own row count exactly as :meth:`claim` judges one: a request that lost (lease held,
         occurrence already claimed) gets None and writes nothing; the others get their :class:`Claim`.
-        Returns one entry per request, in order. The runs' ``started_at`` is the database's now, read once
+        Returns one entry per request, in order. The runs' ``started_at`` is the database's now, read
         after every lease was judged, but not before ``not_before`` (the caller's instant that judged the
         occurrences due: a database clock a little behind it must not record a run as started before its
         scheduled instant). If the unique index on ``runs(job_id, scheduled_at)``
         refuses a row, the batch is rolled back and the requests are claimed one transaction each, so only
-        the refused one is lost."""
+        the refused one is lost.
+
+        PostgreSQL and MariaDB/MySQL lock the requested job rows first (``SELECT ... FOR UPDATE``, by id),
+        as db-scheduler's lock-and-fetch does. With ``busy`` (a set the caller passes) the lock is ``SKIP
+        LOCKED``: a job row another transaction holds (another supervisor claiming it, a result being
+        recorded) is not waited for; its request gets None *and its index is added to* ``busy`` - it
+        neither won nor lost, and stays due for the next poll. On PostgreSQL the leases are judged in that
+        locking read, so the compare-and-sets go as one pipelined executemany and the run rows as one
+        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3."""
         if not requests:
             return []
         try:
+            if self.dialect != "sqlite" and len({r.job["id"] for r in requests}) == len(requests):
+                try:
+                    return self._claim_locked(requests, now, instance, not_before, busy)
+                except _RecheckError:  # a lease changed between the locking read and its UPDATE: judge row by row
+                    pass
             with self.engine.begin() as conn:
                 tokens = [self._take_occurrence(conn, r, now, instance) for r in requests]
                 won = [t is not False for t in tokens]
@@ -295,7 +347,61 @@ class Leases:
                 log.warning("job %s: occurrence %s already has a run; claim refused by the unique index",
                             job["name"], job["next_run_at"])
                 return [None]
-        return [self.claim_many([r], now=now, instance=instance, not_before=not_before)[0] for r in requests]
+        return [self.claim_many([r], now=now, instance=instance, not_before=not_before, busy=None)[0]
+                for r in requests]
+
+    def _claim_locked(self, requests: Sequence[ClaimRequest], now: dt.datetime, instance: str,
+                      not_before: dt.datetime | None, busy: set[int] | None) -> list[Claim | None]:
+        """:meth:`claim_many` on PostgreSQL and MariaDB/MySQL: lock the jobs rows (skipping those locked
+        elsewhere when ``busy`` is given), judge each occurrence against the locked row, write the
+        compare-and-sets, then every run row in one INSERT ... RETURNING. Raises :class:`_RecheckError` (all
+        rolled back) if an UPDATE did not match what the locking read judged."""
+        st = self._stmts
+        pg = self.dialect == "postgresql"
+        with self.engine.begin() as conn:
+            locked = {row.id: row for row in conn.execute(st.lock_jobs if busy is None else st.lock_jobs_skip,
+                                                          {"p_ids": [r.job["id"] for r in requests]})}
+            tokens: list[str | bool | None] = []
+            groups: dict[tuple[bool, bool, bool, bool, bool], list[dict[str, Any]]] = {}
+            for i, r in enumerate(requests):
+                row = locked.get(r.job["id"])
+                seen = r.job["next_run_at"]
+                if row is None:  # locked by another transaction (SKIP LOCKED), or the job is gone
+                    if busy is not None:
+                        busy.add(i)
+                    tokens.append(False)
+                elif row.next_run_at != seen:  # the occurrence was claimed or moved: lost, nothing written
+                    tokens.append(False)
+                elif not pg:  # MariaDB: the lease judged by the conditional UPDATE's row count
+                    tokens.append(self._take_occurrence(conn, r, now, instance))
+                elif r.take_lease and not (row.unheld if r.only_free_lease else row.free):
+                    tokens.append(False)
+                else:
+                    token = uuid.uuid4().hex if r.take_lease else None
+                    tokens.append(token)
+                    key = (seen is None, r.take_lease, r.only_free_lease, r.status is not None, r.retry)
+                    groups.setdefault(key, []).append({
+                        "p_job_id": r.job["id"], "p_seen": seen, "p_next_run_at": r.next_run_at,
+                        "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
+                        "p_lease_s": r.lease_s, "p_missed": r.missed, "p_skipped": r.skipped})
+            for key, params in groups.items():  # the rows are ours: each compare-and-set must hold
+                if conn.execute(st.claim(*key), params).rowcount != len(params):
+                    raise _RecheckError
+            won = [(i, r, t) for i, (r, t) in enumerate(zip(requests, tokens, strict=True)) if t is not False]
+            claims: list[Claim | None] = [None] * len(requests)
+            if not won:
+                return claims
+            where = {r.job["id"]: i for i, r, _ in won}
+            for row in conn.execute(st.insert_runs, [{
+                    "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
+                    "p_token": t if isinstance(t, str) else None, "p_deadline_at": r.deadline_at,
+                    "p_queued_at": r.queued_at, "p_missed": r.missed, "p_attempt": r.attempt,
+                    "p_not_before": not_before} for _, r, t in won]):
+                i = where[row.job_id]
+                t = tokens[i]
+                claims[i] = Claim(run_id=int(row.id), lock_token=t if isinstance(t, str) else None,
+                                  started_at=row.started_at)
+            return claims
 
     def _take_occurrence(self, conn: sa.Connection, r: ClaimRequest, now: dt.datetime,
                          instance: str) -> str | bool | None:

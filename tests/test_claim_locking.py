@@ -1,0 +1,200 @@
+"""Batched claims on PostgreSQL and MySQL/MariaDB lock the job rows first (``SELECT ... FOR UPDATE SKIP
+LOCKED``, db-scheduler's lock-and-fetch; issue 11): a supervisor does not queue behind a row another one is
+claiming, a row it skipped is neither won nor lost, and concurrent claimers never run an occurrence twice.
+Real servers, real connections, threads; SQLite (one writer) keeps its path and is not collected here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+import sqlalchemy as sa
+from conftest import FIXTURE_PLUGINS, Driver, add_job, isolated_database
+from fakes import FakePool
+
+from mjsched_isolated.store import Store
+from mjsched_isolated.store.leases import ClaimRequest, Outcome
+from mjsched_isolated.store.schema import jobs
+
+UTC = dt.UTC
+NOW = dt.datetime(2030, 1, 1, tzinfo=UTC)
+DEADLINE = NOW + dt.timedelta(minutes=5)
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_url(request, tmp_path):
+    with isolated_database(request.param, tmp_path) as url:
+        yield url
+
+
+def _request(job: dict) -> ClaimRequest:
+    return ClaimRequest(job=job, next_run_at=job["next_run_at"] + dt.timedelta(seconds=1), lease_s=600.0,
+                        deadline_at=DEADLINE, scheduled_at=job["next_run_at"])
+
+
+def _lock_rows(url: str, ids: list[int]) -> tuple[sa.Engine, sa.Connection]:
+    """Another transaction holding the job rows ``ids`` (as another supervisor's claim in flight does)."""
+    engine = sa.create_engine(url)
+    conn = engine.connect()
+    conn.begin()
+    for job_id in ids:  # one primary key at a time: MariaDB locks every row a scan reads
+        assert conn.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id).with_for_update()).scalar() == job_id
+    return engine, conn
+
+
+def test_batched_claim_skips_rows_locked_elsewhere_without_waiting(server_url):
+    store = Store.open(server_url)
+    other = Store.open(server_url)
+    engine = conn = None
+    try:
+        store.register_supervisor("sup-a", "host", 1, 3600.0)
+        rows = [add_job(store, f"j{i}", "ok", now=NOW, next_run_at=NOW) for i in range(4)]
+        engine, conn = _lock_rows(server_url, [rows[0]["id"], rows[2]["id"]])
+        other.db_now()  # connected
+        busy: set[int] = set()
+        result: list = []
+        claimer = threading.Thread(target=lambda: result.append(other.claim_many(
+            [_request(r) for r in rows], now=NOW, instance="sup-a", busy=busy)), daemon=True)
+        claimer.start()
+        claimer.join(timeout=15)
+        # decided while the other transaction still holds its rows: it did not wait for them
+        assert not claimer.is_alive(), "the batched claim waited for rows another transaction holds"
+        claims = result[0]
+        assert busy == {0, 2}
+        assert claims[0] is None and claims[2] is None
+        assert claims[1] is not None and claims[3] is not None
+        conn.rollback()
+        # the skipped rows were neither claimed nor moved: the next poll claims them
+        for i in (0, 2):
+            assert store.get_job(f"j{i}")["next_run_at"] == NOW
+            assert store.list_runs(job_name=f"j{i}") == []
+        assert store.get_job("j1")["next_run_at"] == NOW + dt.timedelta(seconds=1)
+        again: set[int] = set()
+        claims = store.claim_many([_request(rows[0]), _request(rows[2])], now=NOW, instance="sup-a", busy=again,
+                                    not_before=NOW)
+        assert again == set() and all(c is not None for c in claims)
+        assert claims[0].started_at == NOW  # not before the caller's instant (2030: ahead of the database clock)
+    finally:
+        if conn is not None:
+            conn.close()
+        if engine is not None:
+            engine.dispose()
+        store.close()
+        other.close()
+
+
+def test_a_claim_without_busy_waits_for_the_row_as_before(server_url):
+    """Single claims (manual runs, the API) keep the blocking judgement: the row is waited for and judged
+    after the other transaction ends (here: it moved the occurrence, so the claim loses)."""
+    store = Store.open(server_url)
+    try:
+        store.register_supervisor("sup-a", "host", 1, 3600.0)
+        job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+        engine, conn = _lock_rows(server_url, [job["id"]])
+        result: list = []
+        started = threading.Event()
+
+        def claim() -> None:
+            started.set()
+            result.append(store.claim_many([_request(job)], now=NOW, instance="sup-a"))
+
+        claimer = threading.Thread(target=claim, daemon=True)
+        claimer.start()
+        started.wait(10)
+        claimer.join(timeout=0.3)
+        assert claimer.is_alive()  # waiting for the row lock
+        conn.execute(jobs.update().where(jobs.c.id == job["id"]).values(next_run_at=NOW + dt.timedelta(hours=1)))
+        conn.commit()
+        claimer.join(timeout=15)
+        assert not claimer.is_alive()
+        assert result == [[None]]
+        conn.close()
+        engine.dispose()
+    finally:
+        store.close()
+
+
+def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url):
+    """Two supervisors' stores poll and claim the same 12 due jobs in batches, concurrently, 5 occurrences
+    each (claim, then finish to free the lease): every occurrence runs exactly once."""
+    store = Store.open(server_url)
+    jobs_n, occurrences = 12, 5
+    try:
+        for name in ("sup-a", "sup-b"):
+            store.register_supervisor(name, "host", 1, 3600.0)
+        for i in range(jobs_n):
+            add_job(store, f"j{i}", "ok", now=NOW, next_run_at=NOW)
+        end = NOW + dt.timedelta(seconds=occurrences)
+        barrier = threading.Barrier(2, timeout=20)
+        errors: list[BaseException] = []
+        stats = {"sup-a": [0, 0], "sup-b": [0, 0]}  # won, busy
+
+        def claimer(instance: str) -> None:
+            own = Store.open(server_url)
+            try:
+                own.db_now()
+                barrier.wait()
+                while True:
+                    due = [j for j in own.due_jobs(end - dt.timedelta(microseconds=1), limit=4)]
+                    if not due:
+                        return
+                    busy: set[int] = set()
+                    claims = own.claim_many([_request(j) for j in due], now=NOW, instance=instance, busy=busy)
+                    stats[instance][0] += sum(c is not None for c in claims)
+                    stats[instance][1] += len(busy)
+                    own.finish_runs([Outcome(run_id=c.run_id, job_id=j["id"], token=c.lock_token, status="Completed",
+                                             success=True, duration_ms=1.0)
+                                     for c, j in zip(claims, due, strict=True) if c is not None])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                own.close()
+
+        threads = [threading.Thread(target=claimer, args=(n,), daemon=True) for n in stats]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=45)
+        assert not any(t.is_alive() for t in threads), "a claimer did not finish"
+        assert errors == []
+        runs = [r for i in range(jobs_n) for r in store.list_runs(job_name=f"j{i}", limit=100)]
+        keys = [(r["job_id"], r["scheduled_at"]) for r in runs]
+        assert len(keys) == len(set(keys)) == jobs_n * occurrences  # each occurrence once, none missing
+        assert stats["sup-a"][0] + stats["sup-b"][0] == jobs_n * occurrences
+        assert {r["status"] for r in runs} == {"Completed"}
+    finally:
+        store.close()
+
+
+def test_supervisor_leaves_a_skip_job_whose_row_is_busy_due_not_skipped(server_url):
+    """A Skip job whose row another transaction holds (say its result being recorded) is not counted
+    skipped: the poll leaves it due, and the next poll runs it."""
+    store = Store.open(server_url)
+    d = None
+    engine = conn = None
+    try:
+        pool = FakePool(2, FIXTURE_PLUGINS)
+        d = Driver(store, server_url, pool=pool, max_concurrent_jobs=2, plugins_dir=FIXTURE_PLUGINS).start()
+        at = d.timeline()
+        real_now = store.db_now()
+        job = add_job(store, "skipper", "ok", "0 0 1 1 *", now=real_now, next_run_at=real_now - dt.timedelta(days=1),
+                      concurrency_mode="Skip", missed_run_policy="RunOnce")
+        engine, conn = _lock_rows(server_url, [job["id"]])
+        at(0.0)
+        row = store.get_job("skipper")
+        assert row["skipped_count"] == 0 and row["next_run_at"] == job["next_run_at"]
+        assert store.list_runs(job_name="skipper") == []
+        conn.rollback()
+        at(0.1)
+        assert len(store.list_runs(job_name="skipper")) == 1
+        assert store.get_job("skipper")["skipped_count"] == 0
+    finally:
+        if conn is not None:
+            conn.close()
+        if engine is not None:
+            engine.dispose()
+        if d is not None:
+            d.close()
+        store.close()
