@@ -1,7 +1,8 @@
 """Batched claims on PostgreSQL and MySQL/MariaDB lock the job rows first (``SELECT ... FOR UPDATE SKIP
 LOCKED``, db-scheduler's lock-and-fetch; issue 11): a supervisor does not queue behind a row another one is
 claiming, a row it skipped is neither won nor lost, and concurrent claimers never run an occurrence twice.
-Real servers, real connections, threads; SQLite (one writer) keeps its path and is not collected here."""
+Real servers, real connections, threads; SQLite (one writer) keeps its path. The batch of results
+(``finish_runs``; on PostgreSQL one UPDATE for the batch) is checked on all three databases."""
 
 from __future__ import annotations
 
@@ -198,3 +199,41 @@ def test_supervisor_leaves_a_skip_job_whose_row_is_busy_due_not_skipped(server_u
         if d is not None:
             d.close()
         store.close()
+
+
+def test_a_batch_of_results_is_judged_row_by_row_on_every_database(any_store):
+    """``finish_runs`` of a batch (on PostgreSQL one UPDATE ... FROM unnest RETURNING): each result lands
+    only on its Running run claimed with its token; the others write nothing; values as one by one."""
+    store = any_store
+    store.register_supervisor("sup-a", "host", 1, 3600.0)
+    rows = [add_job(store, f"j{i}", "ok", now=NOW, next_run_at=NOW,
+                    concurrency_mode="Concurrent" if i == 2 else "Skip") for i in range(5)]
+    claims = store.claim_many([ClaimRequest(job=r, next_run_at=NOW + dt.timedelta(seconds=1), lease_s=600.0,
+                                            deadline_at=DEADLINE, scheduled_at=NOW, take_lease=i != 2)
+                               for i, r in enumerate(rows)], now=NOW, instance="sup-a")
+    assert all(claims) and claims[2].lock_token is None
+    ended = NOW + dt.timedelta(seconds=3, microseconds=250)
+    assert store.finish_runs([Outcome(run_id=claims[4].run_id, job_id=rows[4]["id"], token=claims[4].lock_token,
+                                      status="Completed", success=True)]) == [True]
+    outcomes = [
+        Outcome(run_id=claims[0].run_id, job_id=rows[0]["id"], token=claims[0].lock_token, status="Completed",
+                success=True, details={"x": 1}, duration_ms=2.5, completed_at=ended, cpu_s=0.25, max_rss_mb=7.0),
+        Outcome(run_id=claims[1].run_id, job_id=rows[1]["id"], token="not-its-token", status="Failed",
+                success=False, error_message="boom"),
+        Outcome(run_id=claims[2].run_id, job_id=rows[2]["id"], token=None, status="Failed", success=False,
+                error_message="no lease"),
+        Outcome(run_id=claims[3].run_id, job_id=rows[3]["id"], token=None, status="Failed", success=False),
+        Outcome(run_id=claims[4].run_id, job_id=rows[4]["id"], token=claims[4].lock_token, status="Failed",
+                success=False),  # already finished
+    ]
+    assert store.finish_runs(outcomes) == [True, False, True, False, False]
+    by_job = {r["job_name"]: r for i in range(5) for r in store.list_runs(job_name=f"j{i}")}
+    assert (by_job["j0"]["status"], by_job["j0"]["success"], by_job["j0"]["completed_at"]) == ("Completed", True, ended)
+    assert by_job["j0"]["details"] == {"x": 1}
+    assert (by_job["j0"]["duration_ms"], by_job["j0"]["cpu_s"], by_job["j0"]["max_rss_mb"]) == (2.5, 0.25, 7.0)
+    assert by_job["j1"]["status"] == "Running" and by_job["j3"]["status"] == "Running"
+    assert (by_job["j2"]["status"], by_job["j2"]["error_message"]) == ("Failed", "no lease")
+    assert by_job["j2"]["completed_at"] is not None  # the database's now
+    assert by_job["j4"]["status"] == "Completed"
+    assert store.get_job("j0")["lock_token"] is None and store.get_job("j1")["lock_token"] == claims[1].lock_token
+    assert store.get_job("j0")["success_count"] == 1 and store.get_job("j1")["run_count"] == 0
