@@ -237,3 +237,43 @@ def test_a_batch_of_results_is_judged_row_by_row_on_every_database(any_store):
     assert by_job["j4"]["status"] == "Completed"
     assert store.get_job("j0")["lock_token"] is None and store.get_job("j1")["lock_token"] == claims[1].lock_token
     assert store.get_job("j0")["success_count"] == 1 and store.get_job("j1")["run_count"] == 0
+
+
+def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_lease(tmp_path):
+    """PostgreSQL judges the leases in the locking read; the holder's ``supervisors`` row is not locked, so
+    a holder judged dead may renew before the UPDATE. The UPDATE's own row count catches it: the batch is
+    judged again row by row and the claim loses (the renewal is injected at that very moment, on a
+    connection of its own)."""
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        other = sa.create_engine(url)
+        try:
+            store.register_supervisor("old", "host", 1, 3600.0)
+            store.register_supervisor("new", "host", 2, 3600.0)
+            job = add_job(store, "j", "ok", now=NOW, next_run_at=NOW)
+            held = store.claim_many([_request(job)], now=NOW, instance="old")[0]
+            assert held is not None
+            with other.begin() as conn:  # the holder looks dead now
+                conn.exec_driver_sql("UPDATE supervisors SET lease_expires_at = lease_expires_at - interval '2 hours' "
+                                     "WHERE instance = 'old'")
+            renewed: list[str] = []
+
+            def renew_first(_conn, _cursor, statement, _params, _context, _many) -> None:
+                if statement.startswith("UPDATE jobs") and not renewed:
+                    renewed.append(statement)
+                    with other.begin() as conn:
+                        conn.exec_driver_sql("UPDATE supervisors SET lease_expires_at = lease_expires_at "
+                                             "+ interval '4 hours' WHERE instance = 'old'")
+
+            sa.event.listen(store.engine, "before_cursor_execute", renew_first)
+            busy: set[int] = set()
+            claims = store.claim_many([_request(store.get_job("j"))], now=NOW, instance="new", busy=busy)
+            sa.event.remove(store.engine, "before_cursor_execute", renew_first)
+            assert renewed  # the renewal happened between the locking read and the UPDATE
+            assert claims == [None] and busy == set()
+            row = store.get_job("j")
+            assert (row["locked_by_instance"], row["lock_token"]) == ("old", held.lock_token)
+            assert len(store.list_runs(job_name="j")) == 1
+        finally:
+            other.dispose()
+            store.close()

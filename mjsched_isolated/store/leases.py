@@ -347,7 +347,8 @@ class Leases:
                 try:
                     return self._claim_locked(requests, now, instance, not_before, busy)
                 except _RecheckError:  # a lease changed between the locking read and its UPDATE: judge row by row
-                    pass
+                    if busy is not None:
+                        busy.clear()
             with self.engine.begin() as conn:
                 tokens = [self._take_occurrence(conn, r, now, instance) for r in requests]
                 won = [t is not False for t in tokens]
@@ -360,6 +361,8 @@ class Leases:
                     started_at = not_before
                 return self._insert_runs(conn, requests, tokens, won, started_at, instance)
         except sa.exc.IntegrityError:
+            if busy is not None:
+                busy.clear()  # the requests are claimed one by one below, each waiting for its row
             if len(requests) == 1:
                 job = requests[0].job
                 log.warning("job %s: occurrence %s already has a run; claim refused by the unique index",
