@@ -277,3 +277,25 @@ def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_
         finally:
             other.dispose()
             store.close()
+
+
+def test_the_poll_passes_over_jobs_a_peer_is_claiming_on_postgresql(tmp_path):
+    """PostgreSQL's due read skips job rows another transaction holds (a peer's claim in flight), so a
+    second supervisor polling at the same moment gets the next due jobs, not the same ones."""
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        engine = conn = None
+        try:
+            for i in range(4):
+                add_job(store, f"j{i}", "ok", now=NOW, next_run_at=NOW + dt.timedelta(seconds=i))
+            assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j0", "j1"]
+            engine, conn = _lock_rows(url, [store.get_job("j0")["id"], store.get_job("j1")["id"]])
+            assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j2", "j3"]
+            conn.rollback()
+            assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j0", "j1"]
+        finally:
+            if conn is not None:
+                conn.close()
+            if engine is not None:
+                engine.dispose()
+            store.close()

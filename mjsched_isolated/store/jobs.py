@@ -142,7 +142,12 @@ class Jobs:
         the same instant, the job least recently run (never run first: ``last_run_at`` NULLS FIRST), then
         by id. So when more jobs are due than there are slots, no job waits behind lower ids every time.
         A Queue job whose lease is live is not due yet: its occurrence waits until the lease ends.
-        ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``)."""
+        ``start_at`` is the caller's to check (writers keep ``next_run_at >= start_at``).
+
+        On PostgreSQL the read is ``FOR KEY SHARE OF jobs SKIP LOCKED`` (db-scheduler's lock-and-fetch): a
+        job row another supervisor's claim holds is passed over, so supervisors polling together claim
+        different jobs instead of all reaching for the same first rows (the share lock ends with the read;
+        it does not hold up a result's write)."""
         if exclude:
             query = self._due_query(exclude)
         else:  # the usual case: built once (building it cost more than running it)
@@ -151,10 +156,14 @@ class Jobs:
             return _job_rows(conn.execute(query, {"p_now": now, "p_limit": limit}))
 
     def _due_query(self, exclude: AbstractSet[int] | tuple[()]) -> sa.Select:
-        return (sa.select(jobs).where(*self._dispatchable(frozenset(exclude)),
-                                      jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)))
-                .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
-                .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+        query = (sa.select(jobs).where(*self._dispatchable(frozenset(exclude)),
+                                       jobs.c.next_run_at <= sa.bindparam("p_now",
+                                                                          type_=schema.UTCDateTime(exact=True)))
+                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+                 .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+        if self.dialect == "postgresql":
+            query = query.with_for_update(read=True, key_share=True, skip_locked=True, of=jobs)
+        return query
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
                            ) -> list[JobRow]:
