@@ -42,6 +42,7 @@ class Jobs:
         self.dialect = engine.dialect.name
         self._due_prebuilt: sa.Select | None = None  # the poll's reads without exclusions, built once
         self._next_due_prebuilt: sa.Select | None = None
+        self._live_skip_prebuilt: sa.Select | None = None
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -171,14 +172,24 @@ class Jobs:
         Skip (not RunAll, which waits) and the job lease held by a live supervisor, oldest due first, at most
         ``limit``. One index range on ``(status, next_run_at)`` up to ``now``, like :meth:`due_jobs`: the
         supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12)."""
-        conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), jobs.c.next_run_at <= now,
+        if exclude:
+            query = self._live_skip_query(exclude)
+        else:  # the usual case, read every poll at saturation: built once (building it cost ~2 ms a poll)
+            if self._live_skip_prebuilt is None:
+                self._live_skip_prebuilt = self._live_skip_query(frozenset())
+            query = self._live_skip_prebuilt
+        with self.engine.connect() as conn:
+            return _job_rows(conn.execute(query, {"p_now": now, "p_limit": limit}))
+
+    def _live_skip_query(self, exclude: AbstractSet[int]) -> sa.Select:
+        conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None),
+                 jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)),
                  jobs.c.concurrency_mode == ConcurrencyMode.SKIP,
                  jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL, sa.not_(lease_free(self.dialect))]
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))
-        query = sa.select(jobs).where(*conds).order_by(jobs.c.next_run_at, jobs.c.id).limit(limit)
-        with self.engine.connect() as conn:
-            return _job_rows(conn.execute(query))
+        return (sa.select(jobs).where(*conds).order_by(jobs.c.next_run_at, jobs.c.id)
+                .limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row

@@ -159,12 +159,14 @@ class _Statements:
     def _build_locking(self, dialect: str, now: sa.ColumnElement) -> None:
         """PostgreSQL and MariaDB/MySQL: the lock-and-fetch of a batched claim (db-scheduler's
         ``SELECT ... FOR UPDATE SKIP LOCKED``) and the run rows of a batch in one INSERT ... RETURNING."""
-        ids = jobs.c.id.in_(sa.bindparam("p_ids", expanding=True))
+        ids: sa.ColumnElement[bool] = jobs.c.id.in_(sa.bindparam("p_ids", expanding=True))
         if dialect == "postgresql":
             # the lease judged with the rows locked (OF jobs: the supervisors rows read by lease_free are not
             # locked); then the compare-and-sets are sure to hold and go as one pipelined executemany
             cols: list[Any] = [jobs.c.id, jobs.c.next_run_at, lease_free(dialect).label("free"),
                                jobs.c.lock_token.is_(None).label("unheld")]
+            # = ANY(array): one SQL text for every batch size (an expanding IN is rendered again per call)
+            ids = jobs.c.id == sa.any_(sa.bindparam("p_ids", type_=postgresql.ARRAY(sa.Integer)))
             lock = sa.select(*cols).where(ids).order_by(jobs.c.id)
             self.lock_jobs = lock.with_for_update(of=jobs)
             self.lock_jobs_skip = lock.with_for_update(of=jobs, skip_locked=True)
