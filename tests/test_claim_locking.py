@@ -183,9 +183,11 @@ def test_supervisor_leaves_a_skip_job_whose_row_is_busy_due_not_skipped(server_u
         job = add_job(store, "skipper", "ok", "0 0 1 1 *", now=real_now, next_run_at=real_now - dt.timedelta(days=1),
                       concurrency_mode="Skip", missed_run_policy="RunOnce")
         engine, conn = _lock_rows(server_url, [job["id"]])
+        assert d.supervisor.dispatcher.contended_until is None
         at(0.0)
         row = store.get_job("skipper")
         assert row["skipped_count"] == 0 and row["next_run_at"] == job["next_run_at"]
+        assert d.supervisor.dispatcher.contended_until is not None  # its due reads now pass over held rows
         assert store.list_runs(job_name="skipper") == []
         conn.rollback()
         at(0.1)
@@ -280,8 +282,9 @@ def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_
 
 
 def test_the_poll_passes_over_jobs_a_peer_is_claiming_on_postgresql(tmp_path):
-    """PostgreSQL's due read skips job rows another transaction holds (a peer's claim in flight), so a
-    second supervisor polling at the same moment gets the next due jobs, not the same ones."""
+    """PostgreSQL's due read with ``skip_locked`` (the dispatcher's while it meets contention) skips job
+    rows another transaction holds (a peer's claim in flight), so a second supervisor polling at the same
+    moment gets the next due jobs, not the same ones."""
     with isolated_database("postgresql", tmp_path) as url:
         store = Store.open(url)
         engine = conn = None
@@ -290,9 +293,11 @@ def test_the_poll_passes_over_jobs_a_peer_is_claiming_on_postgresql(tmp_path):
                 add_job(store, f"j{i}", "ok", now=NOW, next_run_at=NOW + dt.timedelta(seconds=i))
             assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j0", "j1"]
             engine, conn = _lock_rows(url, [store.get_job("j0")["id"], store.get_job("j1")["id"]])
-            assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j2", "j3"]
+            later = NOW + dt.timedelta(seconds=9)
+            assert [j["name"] for j in store.due_jobs(later, 2, skip_locked=True)] == ["j2", "j3"]
+            assert [j["name"] for j in store.due_jobs(later, 2)] == ["j0", "j1"]  # the plain read (one supervisor)
             conn.rollback()
-            assert [j["name"] for j in store.due_jobs(NOW + dt.timedelta(seconds=9), 2)] == ["j0", "j1"]
+            assert [j["name"] for j in store.due_jobs(later, 2, skip_locked=True)] == ["j0", "j1"]
         finally:
             if conn is not None:
                 conn.close()

@@ -124,9 +124,11 @@ class Store:
         """Every job, by name (:meth:`Jobs.list_jobs`)."""
         return self.jobs.list_jobs()
 
-    def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()) -> list[JobRow]:
-        """Dispatchable jobs due by ``now``, earliest first (:meth:`Jobs.due_jobs`)."""
-        return self.jobs.due_jobs(now, limit, exclude)
+    def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
+                 skip_locked: bool = False) -> list[JobRow]:
+        """Dispatchable jobs due by ``now``, earliest first; ``skip_locked``: pass over rows a peer's claim
+        holds (PostgreSQL) (:meth:`Jobs.due_jobs`)."""
+        return self.jobs.due_jobs(now, limit, exclude, skip_locked)
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
                            ) -> list[JobRow]:

@@ -36,6 +36,8 @@ UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per
 MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
 ADVICE_INTERVAL_S = 60.0
 LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
+# after a claim met a row another supervisor held, the due read passes over such rows (SKIP LOCKED) this long
+CONTENDED_FOR = dt.timedelta(seconds=30)
 
 
 def how_many(count: int) -> str:
@@ -73,6 +75,8 @@ class Dispatcher:
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
         # job id -> its next_run_at, for the Skip jobs whose run this supervisor holds: when to skip
         self.skip_due_at: dict[int, dt.datetime | None] = {}
+        # until when the due read passes over rows a peer's claim holds: set when a claim met such a row
+        self.contended_until: dt.datetime | None = None
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -142,7 +146,8 @@ class Dispatcher:
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         limit = len(idle)
-        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded())
+        contended = self.contended_until is not None and now < self.contended_until
+        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded(), skip_locked=contended)
         for job in due:
             if not idle:
                 break
@@ -266,6 +271,8 @@ class Dispatcher:
         busy: set[int] = set()  # rows another transaction held (PostgreSQL, MariaDB): neither won nor lost
         flights = self._claim_many([(job, next_run_at, worker, job["retry_scheduled_at"] if planner.pending_retry(job)
                                      else job["next_run_at"]) for job, next_run_at, worker in to_run], now, busy)
+        if busy:  # a peer is claiming the same jobs: for a while, its rows are passed over by the due read
+            self.contended_until = now + CONTENDED_FOR
         for i, ((job, next_run_at, _), flight) in enumerate(zip(to_run, flights, strict=True)):
             seen = job["next_run_at"]
             if (flight is None and i not in busy and seen is not None and job["concurrency_mode"] == "Skip"
