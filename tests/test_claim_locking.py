@@ -239,6 +239,25 @@ def test_a_batch_of_results_is_judged_row_by_row_on_every_database(any_store):
     assert by_job["j4"]["status"] == "Completed"
     assert store.get_job("j0")["lock_token"] is None and store.get_job("j1")["lock_token"] == claims[1].lock_token
     assert store.get_job("j0")["success_count"] == 1 and store.get_job("j1")["run_count"] == 0
+    j0, j2 = store.get_job("j0"), store.get_job("j2")  # the statistics, batched on PostgreSQL
+    assert (j0["run_count"], j0["avg_duration_ms"], j0["last_duration_ms"], j0["last_run_at"]) == (1, 2.5, 2.5, ended)
+    assert (j0["failure_count"], j0["consecutive_failures"]) == (0, 0)
+    assert (j2["run_count"], j2["success_count"], j2["failure_count"], j2["consecutive_failures"]) == (1, 0, 1, 1)
+    assert j2["avg_duration_ms"] is None and j2["last_run_at"] is not None
+    # a second batch: the running average and the failures in a row move on from the stored values
+    second = NOW + dt.timedelta(seconds=1)
+    again = store.claim_many([ClaimRequest(job=store.get_job(n), next_run_at=second + dt.timedelta(seconds=1),
+                                           lease_s=600.0, deadline_at=DEADLINE, scheduled_at=second,
+                                           take_lease=n != "j2") for n in ("j0", "j2")], now=NOW, instance="sup-a")
+    assert store.finish_runs([
+        Outcome(run_id=again[0].run_id, job_id=rows[0]["id"], token=again[0].lock_token, status="Failed",
+                success=False, duration_ms=4.5),
+        Outcome(run_id=again[1].run_id, job_id=rows[2]["id"], token=None, status="Failed", success=False,
+                duration_ms=1.0)]) == [True, True]
+    j0, j2 = store.get_job("j0"), store.get_job("j2")
+    assert (j0["run_count"], j0["avg_duration_ms"], j0["last_duration_ms"], j0["failure_count"]) == (2, 3.5, 4.5, 1)
+    assert j0["consecutive_failures"] == 1 and j0["lock_token"] is None
+    assert (j2["run_count"], j2["avg_duration_ms"], j2["failure_count"], j2["consecutive_failures"]) == (2, 1.0, 2, 2)
 
 
 def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_lease(tmp_path):

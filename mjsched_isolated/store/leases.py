@@ -209,6 +209,28 @@ class _Statements:
                     ("p_deadlines", sa.DateTime), ("p_queued", sa.DateTime), ("p_missed", sa.Integer),
                     ("p_attempts", sa.Integer))),
             ).columns(runs.c.id, runs.c.job_id, runs.c.started_at)
+            # the statistics of a batch (each job once) in one UPDATE: the rules of stats / stats_with_duration,
+            # a NULL duration leaving the averages; every right-hand side reads the row as it was
+            self.stats_many_pg = sa.text(
+                "UPDATE jobs SET avg_duration_ms = CASE WHEN v.duration IS NULL THEN jobs.avg_duration_ms "
+                "WHEN jobs.avg_duration_ms IS NULL THEN v.duration ELSE (jobs.avg_duration_ms * jobs.run_count "
+                "+ v.duration) / (jobs.run_count + 1) END, last_duration_ms = COALESCE(v.duration, "
+                "jobs.last_duration_ms), run_count = jobs.run_count + 1, success_count = jobs.success_count + "
+                "v.successes, failure_count = jobs.failure_count + 1 - v.successes, last_run_at = "
+                f"COALESCE(v.completed, {now_sql}), consecutive_failures = CASE WHEN v.successes = 1 THEN 0 "
+                "WHEN v.final = 1 THEN jobs.consecutive_failures + 1 ELSE jobs.consecutive_failures END "
+                "FROM unnest(CAST(:p_job_ids AS integer[]), CAST(:p_successes AS integer[]), "
+                "CAST(:p_durations AS float8[]), CAST(:p_final AS integer[]), CAST(:p_completed AS timestamp[])) "
+                "AS v(id, successes, duration, final, completed) WHERE jobs.id = v.id",
+            ).bindparams(*(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t in (
+                ("p_job_ids", sa.Integer), ("p_successes", sa.Integer), ("p_durations", sa.Float),
+                ("p_final", sa.Integer), ("p_completed", sa.DateTime))))
+            self.release_many_pg = sa.text(
+                "UPDATE jobs SET lock_token = NULL, locked_at = NULL, locked_by_instance = NULL, "
+                "expected_completion_at = NULL FROM unnest(CAST(:p_job_ids AS integer[]), "
+                "CAST(:p_tokens AS varchar[])) AS v(id, token) WHERE jobs.id = v.id AND jobs.lock_token = v.token",
+            ).bindparams(sa.bindparam("p_job_ids", type_=postgresql.ARRAY(sa.Integer)),
+                         sa.bindparam("p_tokens", type_=postgresql.ARRAY(sa.String)))
             # a whole batch of results in one UPDATE, each row still judged alone (Running, claimed with its
             # token; RETURNING names the rows that were): one round trip instead of one per run
             arrays = [("p_run_ids", sa.Integer, "integer"), ("p_tokens", sa.String, "varchar"),
@@ -551,8 +573,18 @@ class Leases:
                         "p_job_id": o.job_id, "p_retry_at": o.retry_at, "p_retry_attempt": o.attempt + 1,
                         "p_retry_scheduled_at": o.scheduled_at}).rowcount == 1
             counted = [o for o in won if o.count]
-            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None]),
-                                (st.stats_with_duration, [o for o in counted if o.duration_ms is not None])):
+            # PostgreSQL, each job once in the batch: the statistics of all in one UPDATE ... FROM unnest
+            pg_batch = self.dialect == "postgresql" and len(counted) > 1 and len({o.job_id for o in counted}) == len(
+                counted)
+            if pg_batch:
+                conn.execute(st.stats_many_pg, {
+                    "p_job_ids": [o.job_id for o in counted], "p_successes": [1 if o.success else 0 for o in counted],
+                    "p_durations": [o.duration_ms for o in counted],
+                    "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
+                    "p_completed": [_naive(o.completed_at) for o in counted]})
+            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
+                                (st.stats_with_duration, [o for o in counted
+                                                          if o.duration_ms is not None and not pg_batch])):
                 if group:
                     conn.execute(stmt, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
                                          "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
@@ -566,7 +598,10 @@ class Leases:
                     if o.paused and o.pause_notices:
                         insert_notices(conn, self.dialect, o.pause_notices)
             releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won if o.token is not None]
-            if releases:
+            if self.dialect == "postgresql" and len(releases) > 1:
+                conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
+                                                  "p_tokens": [r["p_token"] for r in releases]})
+            elif releases:
                 conn.execute(st.release, releases)
             for o in won:
                 if o.notices:
