@@ -323,3 +323,25 @@ def test_the_poll_passes_over_jobs_a_peer_is_claiming_on_postgresql(tmp_path):
             if engine is not None:
                 engine.dispose()
             store.close()
+
+
+def test_two_runs_of_one_concurrent_job_in_a_batch_both_count(any_store):
+    """Two results of the same (Concurrent) job recorded together both count (PostgreSQL's one-statement
+    statistics join each job once, so such a batch keeps one UPDATE per run)."""
+    store = any_store
+    store.register_supervisor("sup-a", "host", 1, 3600.0)
+    job = add_job(store, "c", "ok", now=NOW, next_run_at=NOW, concurrency_mode="Concurrent")
+    first = store.claim_many([ClaimRequest(
+        job=job, next_run_at=NOW + dt.timedelta(seconds=1), lease_s=600.0, deadline_at=DEADLINE, scheduled_at=NOW,
+        take_lease=False)], now=NOW, instance="sup-a")[0]
+    job = store.get_job("c")
+    second = store.claim_many([ClaimRequest(
+        job=job, next_run_at=NOW + dt.timedelta(seconds=2), lease_s=600.0, deadline_at=DEADLINE,
+        scheduled_at=job["next_run_at"], take_lease=False)], now=NOW, instance="sup-a")[0]
+    assert first is not None and second is not None
+    assert store.finish_runs([
+        Outcome(run_id=first.run_id, job_id=job["id"], token=None, status="Completed", success=True, duration_ms=2.0),
+        Outcome(run_id=second.run_id, job_id=job["id"], token=None, status="Failed", success=False,
+                duration_ms=4.0)]) == [True, True]
+    row = store.get_job("c")
+    assert (row["run_count"], row["success_count"], row["failure_count"], row["avg_duration_ms"]) == (2, 1, 1, 3.0)
