@@ -172,6 +172,8 @@ def replay(conn, ops: list[tuple]) -> list[float]:
             t = now
         elif op[0] == "sql":
             _, statement, parameters, many, rowcount = op
+            # SQLAlchemy's insertmanyvalues reports its one multi-row INSERT (one mapping) as an executemany
+            many = many and not isinstance(parameters, dict)
             (cur.executemany if many else cur.execute)(statement, parameters)
             if cur.description is not None:
                 cur.fetchall()

@@ -124,9 +124,11 @@ class Store:
         """Every job, by name (:meth:`Jobs.list_jobs`)."""
         return self.jobs.list_jobs()
 
-    def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()) -> list[JobRow]:
-        """Dispatchable jobs due by ``now``, earliest first (:meth:`Jobs.due_jobs`)."""
-        return self.jobs.due_jobs(now, limit, exclude)
+    def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
+                 skip_locked: bool = False) -> list[JobRow]:
+        """Dispatchable jobs due by ``now``, earliest first; ``skip_locked``: pass over rows a peer's claim
+        holds (PostgreSQL) (:meth:`Jobs.due_jobs`)."""
+        return self.jobs.due_jobs(now, limit, exclude, skip_locked)
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
                            ) -> list[JobRow]:
@@ -191,9 +193,11 @@ class Store:
                                  queued_at=queued_at, status=status, only_free_lease=only_free_lease)
 
     def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
-                   not_before: dt.datetime | None = None) -> list[Claim | None]:
-        """Claim several occurrences in one transaction, each judged alone (:meth:`Leases.claim_many`)."""
-        return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before)
+                   not_before: dt.datetime | None = None, busy: set[int] | None = None) -> list[Claim | None]:
+        """Claim several occurrences in one transaction, each judged alone; with ``busy``, job rows locked
+        by another transaction are skipped, not waited for, and their indexes added to it
+        (:meth:`Leases.claim_many`)."""
+        return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat a run and its lease (:meth:`Leases.extend`)."""

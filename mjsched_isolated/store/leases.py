@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import msgspec
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import RunStatus
@@ -152,6 +153,101 @@ class _Statements:
             (jobs.c.retry_attempt, sa.bindparam("p_retry_attempt", type_=sa.Integer)),
             (jobs.c.retry_scheduled_at, sa.bindparam("p_retry_scheduled_at", type_=schema.UTCDateTime)))
 
+        if dialect != "sqlite":
+            self._build_locking(dialect, now)
+
+    def _build_locking(self, dialect: str, now: sa.ColumnElement) -> None:
+        """PostgreSQL and MariaDB/MySQL: the lock-and-fetch of a batched claim (db-scheduler's
+        ``SELECT ... FOR UPDATE SKIP LOCKED``) and the run rows of a batch in one INSERT ... RETURNING."""
+        ids: sa.ColumnElement[bool] = jobs.c.id.in_(sa.bindparam("p_ids", expanding=True))
+        if dialect == "postgresql":
+            # the lease judged with the rows locked (OF jobs: the supervisors rows read by lease_free are not
+            # locked); then the compare-and-sets are sure to hold and go as one pipelined executemany
+            cols: list[Any] = [jobs.c.id, jobs.c.next_run_at, lease_free(dialect).label("free"),
+                               jobs.c.lock_token.is_(None).label("unheld")]
+            # = ANY(array): one SQL text for every batch size (an expanding IN is rendered again per call)
+            ids = jobs.c.id == sa.any_(sa.bindparam("p_ids", type_=postgresql.ARRAY(sa.Integer)))
+            lock = sa.select(*cols).where(ids).order_by(jobs.c.id)
+            self.lock_jobs = lock.with_for_update(of=jobs)
+            self.lock_jobs_skip = lock.with_for_update(of=jobs, skip_locked=True)
+        else:
+            # MariaDB: only the jobs rows are read under the lock (a locking read's subquery would lock the
+            # supervisors rows too); the lease is judged by the per-row UPDATE as on SQLite. By the primary key
+            # only: on a small table InnoDB would otherwise scan (and, repeatable read, lock) every row
+            lock = (sa.select(jobs.c.id, jobs.c.next_run_at).with_hint(jobs, "FORCE INDEX (PRIMARY)", "*")
+                    .where(ids).order_by(jobs.c.id))
+            self.lock_jobs = lock.with_for_update()
+            self.lock_jobs_skip = lock.with_for_update(skip_locked=True)
+        # started_at: the database's now at the INSERT (after every lease was judged), not before p_not_before
+        started = sa.type_coerce(sa.func.greatest(now, sa.func.coalesce(
+            sa.bindparam("p_not_before", type_=schema.UTCDateTime), now)), schema.UTCDateTime)
+        self.insert_runs = runs.insert().values(
+            job_id=sa.bindparam("p_job_id"), scheduled_at=sa.bindparam("p_scheduled_at", type_=schema.UTCDateTime),
+            started_at=started, status=RunStatus.RUNNING, executed_by_instance=sa.bindparam("p_instance"),
+            lock_token=sa.bindparam("p_token"), deadline_at=sa.bindparam("p_deadline_at", type_=schema.UTCDateTime),
+            queued_at=sa.bindparam("p_queued_at", type_=schema.UTCDateTime),
+            missed_count=sa.bindparam("p_missed", type_=sa.Integer), attempt=sa.bindparam("p_attempt"),
+        ).returning(runs.c.id, runs.c.job_id, runs.c.started_at)
+        if dialect == "postgresql":
+            # the same rows from arrays (unnest): one short SQL text for any batch size. SQLAlchemy's multi-row
+            # VALUES grows past psycopg's 4 kB parse cache at ten rows and was parsed again every poll
+            # (6 ms of supervisor CPU a poll)
+            now_sql = "timezone('UTC', clock_timestamp())"
+            self.insert_runs_pg = sa.text(
+                "INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
+                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
+                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
+                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM unnest(CAST(:p_job_ids AS integer[]), "
+                "CAST(:p_scheduled AS timestamp[]), CAST(:p_tokens AS varchar[]), CAST(:p_deadlines AS timestamp[]), "
+                "CAST(:p_queued AS timestamp[]), CAST(:p_missed AS integer[]), CAST(:p_attempts AS integer[])) "
+                "AS v(job_id, scheduled_at, token, deadline_at, queued_at, missed, attempt) "
+                "RETURNING id, job_id, started_at",
+            ).bindparams(
+                sa.bindparam("p_not_before", type_=schema.UTCDateTime), sa.bindparam("p_instance", type_=sa.String),
+                *(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t in (
+                    ("p_job_ids", sa.Integer), ("p_scheduled", sa.DateTime), ("p_tokens", sa.String),
+                    ("p_deadlines", sa.DateTime), ("p_queued", sa.DateTime), ("p_missed", sa.Integer),
+                    ("p_attempts", sa.Integer))),
+            ).columns(runs.c.id, runs.c.job_id, runs.c.started_at)
+            # the statistics of a batch (each job once) in one UPDATE: the rules of stats / stats_with_duration,
+            # a NULL duration leaving the averages; every right-hand side reads the row as it was
+            self.stats_many_pg = sa.text(
+                "UPDATE jobs SET avg_duration_ms = CASE WHEN v.duration IS NULL THEN jobs.avg_duration_ms "
+                "WHEN jobs.avg_duration_ms IS NULL THEN v.duration ELSE (jobs.avg_duration_ms * jobs.run_count "
+                "+ v.duration) / (jobs.run_count + 1) END, last_duration_ms = COALESCE(v.duration, "
+                "jobs.last_duration_ms), run_count = jobs.run_count + 1, success_count = jobs.success_count + "
+                "v.successes, failure_count = jobs.failure_count + 1 - v.successes, last_run_at = "
+                f"COALESCE(v.completed, {now_sql}), consecutive_failures = CASE WHEN v.successes = 1 THEN 0 "
+                "WHEN v.final = 1 THEN jobs.consecutive_failures + 1 ELSE jobs.consecutive_failures END "
+                "FROM unnest(CAST(:p_job_ids AS integer[]), CAST(:p_successes AS integer[]), "
+                "CAST(:p_durations AS float8[]), CAST(:p_final AS integer[]), CAST(:p_completed AS timestamp[])) "
+                "AS v(id, successes, duration, final, completed) WHERE jobs.id = v.id",
+            ).bindparams(*(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t in (
+                ("p_job_ids", sa.Integer), ("p_successes", sa.Integer), ("p_durations", sa.Float),
+                ("p_final", sa.Integer), ("p_completed", sa.DateTime))))
+            self.release_many_pg = sa.text(
+                "UPDATE jobs SET lock_token = NULL, locked_at = NULL, locked_by_instance = NULL, "
+                "expected_completion_at = NULL FROM unnest(CAST(:p_job_ids AS integer[]), "
+                "CAST(:p_tokens AS varchar[])) AS v(id, token) WHERE jobs.id = v.id AND jobs.lock_token = v.token",
+            ).bindparams(sa.bindparam("p_job_ids", type_=postgresql.ARRAY(sa.Integer)),
+                         sa.bindparam("p_tokens", type_=postgresql.ARRAY(sa.String)))
+            # a whole batch of results in one UPDATE, each row still judged alone (Running, claimed with its
+            # token; RETURNING names the rows that were): one round trip instead of one per run
+            arrays = [("p_run_ids", sa.Integer, "integer"), ("p_tokens", sa.String, "varchar"),
+                      ("p_statuses", sa.String, "varchar"), ("p_successes", sa.Boolean, "boolean"),
+                      ("p_errors", sa.Text, "text"), ("p_completed", sa.DateTime, "timestamp"),
+                      ("p_details", sa.Text, "text"), ("p_durations", sa.Float, "float8"),
+                      ("p_cpus", sa.Float, "float8"), ("p_rss", sa.Float, "float8")]
+            self.finish_many_pg = sa.text(
+                "UPDATE runs SET status = v.status, success = v.success, error_message = v.error_message, "
+                "completed_at = COALESCE(v.completed_at, timezone('UTC', clock_timestamp())), details = v.details, "
+                "duration_ms = v.duration_ms, cpu_s = v.cpu_s, max_rss_mb = v.max_rss_mb FROM unnest("
+                + ", ".join(f"CAST(:{name} AS {sql}[])" for name, _, sql in arrays)
+                + ") AS v(id, token, status, success, error_message, completed_at, details, duration_ms, cpu_s, "
+                "max_rss_mb) WHERE runs.id = v.id AND runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT "
+                "FROM v.token RETURNING runs.id",
+            ).bindparams(*(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t, _ in arrays))
+
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
         """The occurrence compare-and-set (plus the lease, a status change, and for a ``retry`` the end of
@@ -183,6 +279,16 @@ class _Statements:
 
 _NO_RETRY: dict[str, Any] = {"retry_at": None, "retry_attempt": None, "retry_scheduled_at": None,
                              "retry_next_run_at": None}
+
+
+def _naive(at: dt.datetime | None) -> dt.datetime | None:
+    """An aware datetime as the naive UTC the columns store (for arrays, which bypass :class:`UTCDateTime`)."""
+    return None if at is None else at.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+class _RecheckError(Exception):
+    """A claim's UPDATE did not match what its locking read judged (a lease renewed in between): the batch
+    is rolled back and judged row by row."""
 
 
 class ClaimRequest(msgspec.Struct, frozen=True):
@@ -265,19 +371,33 @@ class Leases:
         return self.claim_many([request], now=now, instance=instance)[0]
 
     def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
-                   not_before: dt.datetime | None = None) -> list[Claim | None]:
+                   not_before: dt.datetime | None = None, busy: set[int] | None = None) -> list[Claim | None]:
         """Claim several occurrences in ONE transaction (issue 11: one commit for a whole poll's worth), each
         judged by its own row count exactly as :meth:`claim` judges one: a request that lost (lease held,
         occurrence already claimed) gets None and writes nothing; the others get their :class:`Claim`.
-        Returns one entry per request, in order. The runs' ``started_at`` is the database's now, read once
+        Returns one entry per request, in order. The runs' ``started_at`` is the database's now, read
         after every lease was judged, but not before ``not_before`` (the caller's instant that judged the
         occurrences due: a database clock a little behind it must not record a run as started before its
         scheduled instant). If the unique index on ``runs(job_id, scheduled_at)``
         refuses a row, the batch is rolled back and the requests are claimed one transaction each, so only
-        the refused one is lost."""
+        the refused one is lost.
+
+        PostgreSQL and MariaDB/MySQL lock the requested job rows first (``SELECT ... FOR UPDATE``, by id),
+        as db-scheduler's lock-and-fetch does. With ``busy`` (a set the caller passes) the lock is ``SKIP
+        LOCKED``: a job row another transaction holds (another supervisor claiming it, a result being
+        recorded) is not waited for; its request gets None *and its index is added to* ``busy`` - it
+        neither won nor lost, and stays due for the next poll. On PostgreSQL the leases are judged in that
+        locking read, so the compare-and-sets go as one pipelined executemany and the run rows as one
+        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3."""
         if not requests:
             return []
         try:
+            if self.dialect != "sqlite" and len({r.job["id"] for r in requests}) == len(requests):
+                try:
+                    return self._claim_locked(requests, now, instance, not_before, busy)
+                except _RecheckError:  # a lease changed between the locking read and its UPDATE: judge row by row
+                    if busy is not None:
+                        busy.clear()
             with self.engine.begin() as conn:
                 tokens = [self._take_occurrence(conn, r, now, instance) for r in requests]
                 won = [t is not False for t in tokens]
@@ -290,12 +410,79 @@ class Leases:
                     started_at = not_before
                 return self._insert_runs(conn, requests, tokens, won, started_at, instance)
         except sa.exc.IntegrityError:
+            if busy is not None:
+                busy.clear()  # the requests are claimed one by one below, each waiting for its row
             if len(requests) == 1:
                 job = requests[0].job
                 log.warning("job %s: occurrence %s already has a run; claim refused by the unique index",
                             job["name"], job["next_run_at"])
                 return [None]
-        return [self.claim_many([r], now=now, instance=instance, not_before=not_before)[0] for r in requests]
+        return [self.claim_many([r], now=now, instance=instance, not_before=not_before, busy=None)[0]
+                for r in requests]
+
+    def _claim_locked(self, requests: Sequence[ClaimRequest], now: dt.datetime, instance: str,
+                      not_before: dt.datetime | None, busy: set[int] | None) -> list[Claim | None]:
+        """:meth:`claim_many` on PostgreSQL and MariaDB/MySQL: lock the jobs rows (skipping those locked
+        elsewhere when ``busy`` is given), judge each occurrence against the locked row, write the
+        compare-and-sets, then every run row in one INSERT ... RETURNING. Raises :class:`_RecheckError` (all
+        rolled back) if an UPDATE did not match what the locking read judged."""
+        st = self._stmts
+        pg = self.dialect == "postgresql"
+        with self.engine.begin() as conn:
+            locked = {row.id: row for row in conn.execute(st.lock_jobs if busy is None else st.lock_jobs_skip,
+                                                          {"p_ids": [r.job["id"] for r in requests]})}
+            tokens: list[str | bool | None] = []
+            groups: dict[tuple[bool, bool, bool, bool, bool], list[dict[str, Any]]] = {}
+            for i, r in enumerate(requests):
+                row = locked.get(r.job["id"])
+                seen = r.job["next_run_at"]
+                if row is None:  # locked by another transaction (SKIP LOCKED), or the job is gone
+                    if busy is not None:
+                        busy.add(i)
+                    tokens.append(False)
+                elif row.next_run_at != seen:  # the occurrence was claimed or moved: lost, nothing written
+                    tokens.append(False)
+                elif not pg:  # MariaDB: the lease judged by the conditional UPDATE's row count
+                    tokens.append(self._take_occurrence(conn, r, now, instance))
+                elif r.take_lease and not (row.unheld if r.only_free_lease else row.free):
+                    tokens.append(False)
+                else:
+                    token = uuid.uuid4().hex if r.take_lease else None
+                    tokens.append(token)
+                    key = (seen is None, r.take_lease, r.only_free_lease, r.status is not None, r.retry)
+                    groups.setdefault(key, []).append({
+                        "p_job_id": r.job["id"], "p_seen": seen, "p_next_run_at": r.next_run_at,
+                        "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
+                        "p_lease_s": r.lease_s, "p_missed": r.missed, "p_skipped": r.skipped})
+            for key, params in groups.items():  # the rows are ours: each compare-and-set must hold
+                if conn.execute(st.claim(*key), params).rowcount != len(params):
+                    raise _RecheckError
+            won = [(i, r, t) for i, (r, t) in enumerate(zip(requests, tokens, strict=True)) if t is not False]
+            claims: list[Claim | None] = [None] * len(requests)
+            if not won:
+                return claims
+            where = {r.job["id"]: i for i, r, _ in won}
+            if pg:
+                inserted = conn.execute(st.insert_runs_pg, {
+                    "p_not_before": not_before, "p_instance": instance,
+                    "p_job_ids": [r.job["id"] for _, r, _ in won],
+                    "p_scheduled": [_naive(r.scheduled_at) for _, r, _ in won],
+                    "p_tokens": [t if isinstance(t, str) else None for _, _, t in won],
+                    "p_deadlines": [_naive(r.deadline_at) for _, r, _ in won],
+                    "p_queued": [_naive(r.queued_at) for _, r, _ in won],
+                    "p_missed": [r.missed for _, r, _ in won], "p_attempts": [r.attempt for _, r, _ in won]})
+            else:
+                inserted = conn.execute(st.insert_runs, [{
+                    "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
+                    "p_token": t if isinstance(t, str) else None, "p_deadline_at": r.deadline_at,
+                    "p_queued_at": r.queued_at, "p_missed": r.missed, "p_attempt": r.attempt,
+                    "p_not_before": not_before} for _, r, t in won])
+            for row in inserted:
+                i = where[row.job_id]
+                t = tokens[i]
+                claims[i] = Claim(run_id=int(row.id), lock_token=t if isinstance(t, str) else None,
+                                  started_at=row.started_at)
+            return claims
 
     def _take_occurrence(self, conn: sa.Connection, r: ClaimRequest, now: dt.datetime,
                          instance: str) -> str | bool | None:
@@ -371,11 +558,14 @@ class Leases:
         st = self._stmts
         with self.engine.begin() as conn:
             # a result lands only on the run row claimed with its token (an id alone could name another run)
-            done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
-                "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
-                "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
-                "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
-                "p_max_rss_mb": o.max_rss_mb}).rowcount == 1 for o in outcomes]
+            if self.dialect == "postgresql" and len({o.run_id for o in outcomes}) == len(outcomes) > 1:
+                done = self._finish_rows_pg(conn, outcomes)
+            else:
+                done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
+                    "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
+                    "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
+                    "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
+                    "p_max_rss_mb": o.max_rss_mb}).rowcount == 1 for o in outcomes]
             won = [o for o, d in zip(outcomes, done, strict=True) if d]
             for o in won:  # the pending retry, before the statistics (a retried failure is not final)
                 if o.retry_at is not None:
@@ -383,8 +573,18 @@ class Leases:
                         "p_job_id": o.job_id, "p_retry_at": o.retry_at, "p_retry_attempt": o.attempt + 1,
                         "p_retry_scheduled_at": o.scheduled_at}).rowcount == 1
             counted = [o for o in won if o.count]
-            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None]),
-                                (st.stats_with_duration, [o for o in counted if o.duration_ms is not None])):
+            # PostgreSQL, each job once in the batch: the statistics of all in one UPDATE ... FROM unnest
+            pg_batch = self.dialect == "postgresql" and len(counted) > 1 and len({o.job_id for o in counted}) == len(
+                counted)
+            if pg_batch:
+                conn.execute(st.stats_many_pg, {
+                    "p_job_ids": [o.job_id for o in counted], "p_successes": [1 if o.success else 0 for o in counted],
+                    "p_durations": [o.duration_ms for o in counted],
+                    "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
+                    "p_completed": [_naive(o.completed_at) for o in counted]})
+            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
+                                (st.stats_with_duration, [o for o in counted
+                                                          if o.duration_ms is not None and not pg_batch])):
                 if group:
                     conn.execute(stmt, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
                                          "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
@@ -398,12 +598,27 @@ class Leases:
                     if o.paused and o.pause_notices:
                         insert_notices(conn, self.dialect, o.pause_notices)
             releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won if o.token is not None]
-            if releases:
+            if self.dialect == "postgresql" and len(releases) > 1:
+                conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
+                                                  "p_tokens": [r["p_token"] for r in releases]})
+            elif releases:
                 conn.execute(st.release, releases)
             for o in won:
                 if o.notices:
                     insert_notices(conn, self.dialect, o.notices)
         return done
+
+    def _finish_rows_pg(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
+        """PostgreSQL: the terminal run rows of ``outcomes`` (distinct run ids) in one UPDATE ... FROM
+        unnest(...) RETURNING, each judged as :meth:`finish_run` judges one; True per outcome written."""
+        written = set(conn.execute(self._stmts.finish_many_pg, {
+            "p_run_ids": [o.run_id for o in outcomes], "p_tokens": [o.token for o in outcomes],
+            "p_statuses": [str(o.status) for o in outcomes], "p_successes": [o.success for o in outcomes],
+            "p_errors": [fit_text(o.error_message) for o in outcomes],
+            "p_completed": [_naive(o.completed_at) for o in outcomes],
+            "p_details": [fit_json(o.details) for o in outcomes], "p_durations": [o.duration_ms for o in outcomes],
+            "p_cpus": [o.cpu_s for o in outcomes], "p_rss": [o.max_rss_mb for o in outcomes]}).scalars())
+        return [o.run_id in written for o in outcomes]
 
     def running_runs(self, instance: str | None = None) -> list[RunRow]:
         """Running runs (of supervisor ``instance``, if given)."""

@@ -36,6 +36,8 @@ UNREADABLE_SWEEP_ROWS = 500  # job ids checked for an unreadable next_run_at per
 MANY_JOBS = 5000  # above this many Active jobs the high-frequency advice is recomputed once a minute
 ADVICE_INTERVAL_S = 60.0
 LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
+# after a claim met a row another supervisor held, the due read passes over such rows (SKIP LOCKED) this long
+CONTENDED_FOR = dt.timedelta(seconds=30)
 
 
 def how_many(count: int) -> str:
@@ -73,6 +75,8 @@ class Dispatcher:
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
         # job id -> its next_run_at, for the Skip jobs whose run this supervisor holds: when to skip
         self.skip_due_at: dict[int, dt.datetime | None] = {}
+        # until when the due read passes over rows a peer's claim holds: set when a claim met such a row
+        self.contended_until: dt.datetime | None = None
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -142,7 +146,8 @@ class Dispatcher:
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         limit = len(idle)
-        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded())
+        contended = self.contended_until is not None and now < self.contended_until
+        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded(), skip_locked=contended)
         for job in due:
             if not idle:
                 break
@@ -260,12 +265,17 @@ class Dispatcher:
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
         the won ones over; a lost claim of a Skip job skips its occurrence (a run is still live), of a Queue
-        job (or a RunAll catch-up) leaves it waiting for the live run to end. Returns how many were won."""
+        job (or a RunAll catch-up) leaves it waiting for the live run to end. A job row another transaction
+        held (``busy``: another supervisor claiming it, its result being written) is left due for the next
+        poll, not skipped. Returns how many were won."""
+        busy: set[int] = set()  # rows another transaction held (PostgreSQL, MariaDB): neither won nor lost
         flights = self._claim_many([(job, next_run_at, worker, job["retry_scheduled_at"] if planner.pending_retry(job)
-                                     else job["next_run_at"]) for job, next_run_at, worker in to_run], now)
-        for (job, next_run_at, _), flight in zip(to_run, flights, strict=True):
+                                     else job["next_run_at"]) for job, next_run_at, worker in to_run], now, busy)
+        if busy:  # a peer is claiming the same jobs: for a while, its rows are passed over by the due read
+            self.contended_until = now + CONTENDED_FOR
+        for i, ((job, next_run_at, _), flight) in enumerate(zip(to_run, flights, strict=True)):
             seen = job["next_run_at"]
-            if (flight is None and seen is not None and job["concurrency_mode"] == "Skip"
+            if (flight is None and i not in busy and seen is not None and job["concurrency_mode"] == "Skip"
                     and not planner.pending_retry(job)  # a retry waits for the live run, never skipped
                     and job["missed_run_policy"] != "RunAll"):
                 self._skip_live_one(job, seen, next_run_at, now)
@@ -315,9 +325,10 @@ class Dispatcher:
         return self._claim_many([(job, next_run_at, worker, scheduled_at)], now)[0]
 
     def _claim_many(self, items: list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]],
-                    now: dt.datetime) -> list[InFlight | None]:
+                    now: dt.datetime, busy: set[int] | None = None) -> list[InFlight | None]:
         """Claim (job, next_run_at, worker, scheduled_at) items in one transaction, then hand each won run
-        to its worker. One :class:`InFlight` (or None: lost) per item, in order."""
+        to its worker. One :class:`InFlight` (or None: lost) per item, in order. ``busy``: see
+        ``Store.claim_many`` (job rows locked by another supervisor are skipped, their indexes added)."""
         if not items:
             return []
         holding = self.clock.holding_takeovers(now)
@@ -340,7 +351,7 @@ class Dispatcher:
                 status="Expired" if next_run_at is None and scheduled_at is not None else None,
                 missed=0 if queued_at else passed, skipped=passed if queued_at else 0,
                 attempt=(job["retry_attempt"] or 1) if retry else 1, retry=retry))
-        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now)
+        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now, busy=busy)
         flights: list[InFlight | None] = []
         for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
                                                                                        claims, strict=True):
