@@ -64,23 +64,18 @@ class Prepared:
         self.columns = [str(c.key) for c in selected]
 
     def _bind(self, params: Mapping[str, Any]) -> tuple | dict:
-        values = []
-        for name, value, processor in self._slots:
-            if name is not None:
-                value = params[name]
-                if processor is not None:
-                    value = processor(value)
-            values.append(value)
+        values = [value if name is None else params[name] if processor is None else processor(params[name])
+                  for name, value, processor in self._slots]
         return tuple(values) if self.positional else dict(zip(self._keys, values, strict=True))
 
     def _cursor(self, conn: sa.Connection, bound: Any, many: bool) -> Any:
         cursor = conn.connection.cursor()
-        if conn.dispatch.before_cursor_execute:  # listeners (tracing, the tests' statement log) still see it
+        if conn._has_events or conn.engine._has_events:  # listeners (tracing, the tests' log) still see it
             conn.dispatch.before_cursor_execute(conn, cursor, self.sql, bound, None, many)
         return cursor
 
     def _after(self, conn: sa.Connection, cursor: Any, bound: Any, many: bool) -> None:
-        if conn.dispatch.after_cursor_execute:
+        if conn._has_events or conn.engine._has_events:
             conn.dispatch.after_cursor_execute(conn, cursor, self.sql, bound, None, many)
 
     def _fail(self, conn: sa.Connection, exc: Exception, params: Any, cursor: Any) -> BaseException:
