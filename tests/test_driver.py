@@ -68,3 +68,27 @@ def test_expanding_parameters_are_refused(any_store):
     with pytest.raises(ValueError, match="p_ids: expanding"):
         Prepared(sa.select(jobs.c.id).where(jobs.c.id.in_(sa.bindparam("p_ids", expanding=True))),
                  any_store.engine.dialect)
+
+
+def test_sqlite_timestamps_are_written_and_read_as_sqlalchemys_datetime_would():
+    """UTCDateTime's one-step SQLite conversions (issue 11) against the generic path they replace: SQLite's
+    DATETIME text with microseconds, aware UTC out, None for a value that is not a timestamp."""
+    from sqlalchemy.dialects import sqlite
+
+    from mjsched_isolated.store.schema import UTCDateTime
+    dialect = sqlite.dialect()
+    generic = sqlite.DATETIME()._cached_bind_processor(dialect)
+    for exact in (False, True):
+        bind = UTCDateTime(exact=exact)._cached_bind_processor(dialect)
+        read = UTCDateTime(exact=exact)._cached_result_processor(dialect, None)
+        for value in (dt.datetime(2026, 3, 29, 1, 30, 0, 0, tzinfo=UTC),
+                      dt.datetime(2026, 3, 29, 3, 30, 0, 7, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+                      dt.datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)):
+            text = bind(value)
+            assert text == generic(value.astimezone(UTC).replace(tzinfo=None))
+            assert read(text) == value and read(text).tzinfo is UTC
+        assert read("2026-03-01 10:00:00") == (None if exact else dt.datetime(2026, 3, 1, 10, tzinfo=UTC))
+        assert read("2026-03-01T10:00:00Z") is None and read("x") is None and read(None) is None
+        assert bind(None) is None
+        with pytest.raises(ValueError, match="naive datetime"):
+            bind(dt.datetime(2026, 3, 1))
