@@ -58,6 +58,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import psutil
 
 HERE = Path(__file__).resolve().parent
@@ -308,7 +309,8 @@ def _stop_after_first_run(url: str, procs: list[subprocess.Popen], sampler: Samp
         engine.dispose()
 
 
-def aps_child(w_path: str, cap: int, url: str, warmup_s: float, window_s: float, out: str) -> None:
+def aps_child(w_path: str, cap: int, url: str, warmup_s: float, window_s: float, out: str,
+              jobs: int | None = None) -> None:
     """APScheduler 3.x: BackgroundScheduler + SQLAlchemyJobStore + ProcessPoolExecutor(cap), ``coalesce=True``,
     ``max_instances=1``, ``misfire_grace_time=None`` (like Skip / RunOnce). Writes {"runs": [...], "stopped"}
     to ``out`` once the window after its first execution has passed, then leaves with os._exit."""
@@ -322,6 +324,8 @@ def aps_child(w_path: str, cap: int, url: str, warmup_s: float, window_s: float,
     from apscheduler.triggers.cron import CronTrigger
 
     w = wl.load(w_path)
+    if jobs is not None:  # compare.py --jobs: the same override as the engine's
+        w = msgspec.structs.replace(w, jobs=jobs)
     engine = sa.create_engine(url)
     if url.startswith("sqlite"):
         @sa.event.listens_for(engine, "connect")
@@ -365,8 +369,8 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
         with open(tmp / "aps.log", "wb") as log:
             proc = subprocess.Popen([sys.executable, __file__, "--aps-child", w_path, "--caps", str(cap), "--url",
                                      ns.url, "--warmup-s", str(warmup_s), "--window-s", str(window_s),
-                                     "--child-out", str(out)], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                     "--child-out", str(out), "--jobs", str(w.jobs)],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         sampler = Sampler([proc.pid])
         sampler.follow([proc], 180 + warmup_s + window_s)
         left = sampler.kill_leftovers([proc])
@@ -416,6 +420,8 @@ def fleet_prediction(w: wl.Workload, one: dict, stmt_ms: float, sizes: list[int]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default=str(HERE / "workloads" / "saturate.toml"))
+    ap.add_argument("--jobs", type=int, help="override the workload's job count (both engines; e.g. 3000 jobs "
+                    "every second: more due runs per second than the engines can start)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--caps", default="10", help="comma-separated pool sizes (default 10)")
     ap.add_argument("--backends", default="sqlite,postgresql")
@@ -436,8 +442,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         ap.error(f"--caps: must be positive integers separated by commas, got {args.caps!r}")
+    if args.jobs is not None and args.jobs < 1:
+        ap.error(f"--jobs: must be at least 1, got {args.jobs}")
     if args.aps_child:
-        aps_child(args.aps_child, caps[0], args.url, args.warmup_s, args.window_s, args.child_out)
+        aps_child(args.aps_child, caps[0], args.url, args.warmup_s, args.window_s, args.child_out, args.jobs)
         return 0
     if args.reps < 1:
         ap.error("--reps: must be at least 1")
@@ -450,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad := set(engines) - {"mjsched", "apscheduler"}:
         ap.error(f"--engines: mjsched or apscheduler, got {sorted(bad)}")
     w = wl.load_or_exit(args.workload)
+    if args.jobs is not None:
+        w = msgspec.structs.replace(w, jobs=args.jobs)
     if "postgresql" in backends or args.fleet:
         try:
             runner.Namespace("postgresql", Path(tempfile.gettempdir())).drop()

@@ -12,8 +12,9 @@ written with ``mjsched jobs sync`` before it starts), for the figures issue 11 a
   the instants, and the same for the claim (``started_at``). ``early``: runs whose code began before their
   scheduled instant (must be 0: a run never starts early).
 * ``kill``: 3 jobs that hang, every second, run deadline (``--lease-timeout-s``) 1 s, cap 3, for
-  ``--kill-s`` (20 s) after the first run: ``completed_at - deadline_at`` of their Timeout runs, p50 / p99 /
-  max: from the deadline to the kill being recorded.
+  ``--kill-s`` (20 s) after the first run, ``kill_grace_s`` ``--kill-grace-s`` (0: SIGKILL at the deadline,
+  no SIGTERM grace; serve's default grace is 5 s): ``completed_at - deadline_at`` of their Timeout runs, p50 /
+  p99 / max: from the deadline to the kill being recorded.
 * ``idle``: ``--idle-jobs`` (100,000) Active jobs none of which is due (``0 0 1 1 *``; one synced through
   the CLI, the rest copied from its row in one bulk INSERT), cap 10: the supervisor's CPU over the last
   ``--idle-s`` (30 s) of ``--idle-s`` + 10 s, as a share of one core (psutil), and how long after its launch
@@ -62,24 +63,27 @@ def last_of_instant_ms(runs: list[dict], field: str, t0: float, t1: float) -> li
     return [(v - s) * 1000 for s, v in sorted(by_instant.items())]
 
 
-def _serve(tmp: Path, url: str, toml: str, cap: int, after_first_run_s: float, extra: list[str] = ()) -> tuple:
-    """Sync ``toml``, run serve until ``after_first_run_s`` after its first run row (then SIGTERM), sampled.
-    Returns the sampler, the launch and stop times, and the processes it left behind."""
+def _serve(tmp: Path, url: str, toml: str, cap: int, after_first_run_s: float, extra: list[str] = (),
+           env: dict[str, str] | None = None) -> tuple:
+    """Sync ``toml``, run serve until ``after_first_run_s`` after its first run row (then SIGTERM), sampled;
+    ``env``: settings for serve (``MJSCHED_<KEY>``). Returns the sampler, the launch and stop times, and the
+    processes it left behind."""
     (tmp / "jobs.toml").write_text(toml)
     common = ["--db", url, "--plugins", runner.PLUGINS_DIR]
     subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common,
                     "--log-level", "WARNING"], check=True, capture_output=True, timeout=600, cwd=tmp)
-    return _run(tmp, common, cap, None, extra, url=url, after_first_run_s=after_first_run_s)
+    return _run(tmp, common, cap, None, extra, url=url, after_first_run_s=after_first_run_s, env=env)
 
 
 def _run(tmp: Path, common: list[str], cap: int, stop_after_s: float | None, extra=(), *, url: str | None = None,
-         after_first_run_s: float | None = None) -> tuple:
+         after_first_run_s: float | None = None, env: dict[str, str] | None = None) -> tuple:
     """serve, stopped (SIGTERM) ``stop_after_s`` after its launch, or ``after_first_run_s`` after its first run."""
     cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--max-concurrent-jobs", str(cap),
            "--shutdown-timeout-s", "1", *extra]
     with open(tmp / "serve.log", "wb") as log:
         launched = time.time()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
+                                env={**os.environ, **(env or {})})
     sampler = compare.Sampler([proc.pid])
     stopped = None
     try:
@@ -127,19 +131,21 @@ def burst(backend: str, jobs: int, instants: int) -> dict:
         ns.drop()
 
 
-def kill(backend: str, kill_s: float, lease_timeout_s: float) -> dict:
+def kill(backend: str, kill_s: float, lease_timeout_s: float, kill_grace_s: float = 0.0) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="idle-kill-"))
     ns = runner.Namespace(backend, tmp)
     try:
         names = [f"hang-{i}" for i in range(3)]
         _s, _l, _stop, left = _serve(tmp, ns.url, _jobs_toml(names, "* * * * * *", "hang"), 3, kill_s,
-                                     ["--lease-timeout-s", str(lease_timeout_s)])
+                                     ["--lease-timeout-s", str(lease_timeout_s)],
+                                     env={"MJSCHED_KILL_GRACE_S": str(kill_grace_s)})
         runs, _ = runner.read_runs(ns.url, [{"name": n, "kind": "hang"} for n in names])
         after = [(r["completed_at"] - r["deadline_at"]) * 1000 for r in runs
                  if r["status"] == "Timeout" and r["completed_at"] and r["deadline_at"]]
         shutil.rmtree(tmp, ignore_errors=True)
-        return {"part": "kill", "backend": backend, "kills": len(after), "kill_after_deadline_p50_ms":
-                metrics.pct(after, 50), "kill_after_deadline_p99_ms": metrics.pct(after, 99),
+        return {"part": "kill", "backend": backend, "kill_grace_s": kill_grace_s, "kills": len(after),
+                "kill_after_deadline_p50_ms": metrics.pct(after, 50),
+                "kill_after_deadline_p99_ms": metrics.pct(after, 99),
                 "kill_after_deadline_max_ms": max(after, default=None), "left": len(left),
                 "loadavg_1m": os.getloadavg()[0]}
     finally:
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instants", type=int, default=60)
     ap.add_argument("--kill-s", type=float, default=20.0)
     ap.add_argument("--lease-timeout-s", type=float, default=1.0)
+    ap.add_argument("--kill-grace-s", type=float, default=0.0,
+                    help="serve's kill_grace_s for the kill part (default 0: SIGKILL at the deadline)")
     ap.add_argument("--idle-jobs", type=int, default=100_000)
     ap.add_argument("--idle-s", type=float, default=30.0)
     ap.add_argument("--json", help="also write the rows to this file")
@@ -209,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if "burst" in parts:
         rows.append(burst(args.backend, args.burst_jobs, args.instants))
     if "kill" in parts:
-        rows.append(kill(args.backend, args.kill_s, args.lease_timeout_s))
+        rows.append(kill(args.backend, args.kill_s, args.lease_timeout_s, args.kill_grace_s))
     if "idle" in parts:
         rows.append(idle(args.backend, args.idle_jobs, args.idle_s))
     for row in rows:

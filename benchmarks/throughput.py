@@ -90,6 +90,18 @@ class Bench:
                          ready_timeout_s=self.settings.worker_ready_timeout_s)
         self.supervisor = Supervisor(self.settings, self.store, self.pool)
         self.finished = 0  # terminal events seen (RunFinished or a death during a run)
+        # counted at the pool, whoever waits: the supervisor itself reads the pipes after an inline lease
+        # renewal (every lease_renew_interval_s), and a result it took there would otherwise never be counted
+        pool_wait = self.pool.wait
+
+        def counting_wait(*args, **kwargs):
+            events, woken = pool_wait(*args, **kwargs)
+            for event in events:
+                if isinstance(event.message, protocol.RunFinished) or (event.died and event.run is not None):
+                    self.finished += 1
+            return events, woken
+
+        self.pool.wait = counting_wait  # type: ignore[method-assign]
         self.proc = psutil.Process()
         self.peak_rss = 0
         self._next_rss_at = 0.0
@@ -115,9 +127,6 @@ class Bench:
             wait_s = min(max(0.0, (wake - sup.read_clock()[0]).total_seconds()), left)
             events, _ = pool.wait(wait_s)
             sup.on_events(events, sup.read_clock()[0])
-            for event in events:
-                if isinstance(event.message, protocol.RunFinished) or (event.died and event.run is not None):
-                    self.finished += 1
             mono = time.monotonic()
             if mono >= self._next_rss_at:
                 self._next_rss_at = mono + RSS_SAMPLE_S

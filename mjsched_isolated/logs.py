@@ -60,7 +60,8 @@ def configure(level: str | int, fmt: str = "text", instance: str | None = None, 
               worker_pid: int | None = None) -> None:
     """Replace the root logger's handlers with one stderr handler in ``fmt`` (``text`` or ``json``) at
     ``level``. ``instance``: the supervisor named in JSON lines; ``worker_pid``: set in worker children
-    (text lines then carry ``[worker PID]``). Raises ``ValueError`` for an unknown ``fmt``."""
+    (text lines then carry ``[worker PID]``). Records no longer carry the caller's file/line, thread or
+    process (no format shows them). Raises ``ValueError`` for an unknown ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"log_format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
@@ -69,6 +70,10 @@ def configure(level: str | int, fmt: str = "text", instance: str | None = None, 
     else:
         text = TEXT_FORMAT if worker_pid is None else WORKER_TEXT_FORMAT.format(pid=worker_pid)
         handler.setFormatter(logging.Formatter(text))
+    # what no format of ours shows is not gathered for every record (the logging HOWTO's "Optimization"):
+    # the caller's file and line, the thread, the process ids (issue 11: a line per run started and ended)
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -12,9 +12,10 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy
+from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, RunStatus
 from mjsched_isolated.errors import InputError, NotFoundError
 from mjsched_isolated.store import schema
+from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.errors import is_constraint_violation
 from mjsched_isolated.store.outbox import insert_notices
 from mjsched_isolated.store.output import RunOutput
@@ -40,10 +41,11 @@ class Jobs:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        self._due_prebuilt: sa.Select | None = None  # the poll's reads without exclusions, built once
-        self._next_due_prebuilt: sa.Select | None = None
-        self._live_skip_prebuilt: sa.Select | None = None
-        self._due_locking_prebuilt: sa.Select | None = None
+        # the poll's reads without exclusions: compiled once, run through the DBAPI cursor (:mod:`.driver`)
+        self._due_prepared: Prepared | None = None
+        self._next_due_prepared: Prepared | None = None
+        self._live_skip_prepared: Prepared | None = None
+        self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -154,26 +156,34 @@ class Jobs:
         transaction id and the row locks (~0.2 ms of server CPU a run measured with one supervisor), so the
         dispatcher asks for it only while it meets contention."""
         locking = skip_locked and self.dialect == "postgresql"
-        if exclude:
-            query = self._due_query(exclude, locking)
-        elif locking:
-            if self._due_locking_prebuilt is None:
-                self._due_locking_prebuilt = self._due_query((), True)
-            query = self._due_locking_prebuilt
-        else:  # the usual case: built once (building it cost more than running it)
-            query = self._due_prebuilt = self._due_prebuilt if self._due_prebuilt is not None else self._due_query(())
+        params = {"p_now": now, "p_limit": limit}
+        if exclude or locking:
+            if exclude:
+                query = self._due_query(exclude, locking)
+            else:
+                if self._due_locking_prebuilt is None:
+                    self._due_locking_prebuilt = self._due_query((), True)
+                query = self._due_locking_prebuilt
+            with self.engine.connect() as conn:
+                return _job_rows(conn.execute(query, params))
+        if self._due_prepared is None:  # the usual case: built once (building it cost more than running it)
+            self._due_prepared = Prepared(self._due_query(()), self.engine.dialect)
         with self.engine.connect() as conn:
-            return _job_rows(conn.execute(query, {"p_now": now, "p_limit": limit}))
+            return cast(list[JobRow], self._due_prepared.mappings(conn, params))
 
     def _due_query(self, exclude: AbstractSet[int] | tuple[()], locking: bool = False) -> sa.Select:
-        query = (sa.select(jobs).where(*self._dispatchable(frozenset(exclude)),
-                                       jobs.c.next_run_at <= sa.bindparam("p_now",
-                                                                          type_=schema.UTCDateTime(exact=True)))
-                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
-                 .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+        """The ids of the due jobs are chosen first (a derived table: its sort carries the order's columns
+        only, not whole rows, 2.3x cheaper with 1,000 due on SQLite), then their rows are read by id.
+        ``locking`` (PostgreSQL): one plain read ``FOR KEY SHARE OF jobs SKIP LOCKED`` instead."""
+        order = (jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+        due = (*self._dispatchable(frozenset(exclude)),
+               jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)))
+        limit = sa.bindparam("p_limit", type_=sa.Integer)
         if locking:
-            query = query.with_for_update(read=True, key_share=True, skip_locked=True, of=jobs)
-        return query
+            return (sa.select(jobs).where(*due).order_by(*order).limit(limit)
+                    .with_for_update(read=True, key_share=True, skip_locked=True, of=jobs))
+        chosen = sa.select(jobs.c.id).where(*due).order_by(*order).limit(limit).subquery("due")
+        return sa.select(jobs).join(chosen, chosen.c.id == jobs.c.id).order_by(*order)
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
                            ) -> list[JobRow]:
@@ -181,37 +191,43 @@ class Jobs:
         Skip (not RunAll, which waits) and the job lease held by a live supervisor, oldest due first, at most
         ``limit``. One index range on ``(status, next_run_at)`` up to ``now``, like :meth:`due_jobs`: the
         supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12)."""
+        params = {"p_now": now, "p_limit": limit}
         if exclude:
-            query = self._live_skip_query(exclude)
-        else:  # the usual case, read every poll at saturation: built once (building it cost ~2 ms a poll)
-            if self._live_skip_prebuilt is None:
-                self._live_skip_prebuilt = self._live_skip_query(frozenset())
-            query = self._live_skip_prebuilt
+            with self.engine.connect() as conn:
+                return _job_rows(conn.execute(self._live_skip_query(exclude), params))
+        if self._live_skip_prepared is None:
+            self._live_skip_prepared = Prepared(self._live_skip_query(()), self.engine.dialect)
         with self.engine.connect() as conn:
-            return _job_rows(conn.execute(query, {"p_now": now, "p_limit": limit}))
+            return cast(list[JobRow], self._live_skip_prepared.mappings(conn, params))
 
-    def _live_skip_query(self, exclude: AbstractSet[int]) -> sa.Select:
-        conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None),
+    def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()]) -> sa.Select:
+        """Read from the Running runs (``ix_runs_status``) holding their job's lease (the same token), so
+        its cost follows the live runs, not the due jobs (a saturated supervisor reads it at every poll)."""
+        leased = sa.select(runs.c.job_id).where(runs.c.status == RunStatus.RUNNING, runs.c.lock_token.is_not(None))
+        # the status compared as an expression: no index on it, so every database reads from the live runs
+        conds = [jobs.c.id.in_(leased), jobs.c.status.concat("") == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None),
                  jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)),
                  jobs.c.concurrency_mode == ConcurrencyMode.SKIP,
                  jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL, sa.not_(lease_free(self.dialect))]
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))
-        return (sa.select(jobs).where(*conds).order_by(jobs.c.next_run_at, jobs.c.id)
-                .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+        return (sa.select(jobs).where(*conds)
+                .order_by(jobs.c.next_run_at, jobs.c.id).limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
         of an ordered index walk, not a scan."""
-        if exclude or self._next_due_prebuilt is None:
-            query = (sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude))
-                     .order_by(jobs.c.next_run_at).limit(1))
-            if not exclude:
-                self._next_due_prebuilt = query
-        else:
-            query = self._next_due_prebuilt
+        if exclude:
+            with self.engine.connect() as conn:
+                return conn.execute(self._next_due_query(exclude)).scalar()
+        if self._next_due_prepared is None:
+            self._next_due_prepared = Prepared(self._next_due_query(exclude), self.engine.dialect)
         with self.engine.connect() as conn:
-            return conn.execute(query).scalar()
+            rows = self._next_due_prepared.rows(conn)
+        return rows[0][0] if rows else None
+
+    def _next_due_query(self, exclude: AbstractSet[int]) -> sa.Select:
+        return sa.select(jobs.c.next_run_at).where(*self._dispatchable(exclude)).order_by(jobs.c.next_run_at).limit(1)
 
     def active_jobs_signature(self) -> tuple[int, dt.datetime | None]:
         """(count, latest ``updated_at``) of Active jobs: a cheap way to notice that any of them changed."""

@@ -43,6 +43,7 @@ from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import RunStatus
 from mjsched_isolated.store import schema
+from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.outbox import insert_notices
 from mjsched_isolated.store.predicates import holder_alive, lease_free
 from mjsched_isolated.store.records import (
@@ -352,6 +353,18 @@ class Leases:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._stmts = _Statements(self.dialect)
+        st, d = self._stmts, engine.dialect
+        # recording a result, per run: compiled once, run through the DBAPI cursor (:mod:`.driver`)
+        self._finish_run = Prepared(st.finish_run, d)
+        self._finish_run_without_lease = Prepared(st.finish_run_without_lease, d)
+        self._stats = Prepared(st.stats, d)
+        self._stats_with_duration = Prepared(st.stats_with_duration, d)
+        self._release = Prepared(st.release, d)
+        # claiming, per run: the same, for the occurrence compare-and-set of each shape and the run row
+        self._db_now = Prepared(st.db_now, d)
+        self._insert_run = Prepared(st.insert_run.returning(runs.c.id) if self.dialect == "postgresql"
+                                    else st.insert_run, d)
+        self._claim_prepared: dict[int, Prepared] = {}  # id of a claim statement (:meth:`_Statements.claim`)
 
     def claim(self, job: Mapping[str, Any], *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -405,7 +418,7 @@ class Leases:
                     return [None] * len(requests)
                 # the database's now, read after every lease was judged: in the records a run never starts
                 # before the run whose lease it took ended
-                started_at = conn.execute(self._stmts.db_now).scalar_one()
+                started_at = self._db_now.rows(conn)[0][0]
                 if not_before is not None and started_at < not_before:
                     started_at = not_before
                 return self._insert_runs(conn, requests, tokens, won, started_at, instance)
@@ -494,7 +507,10 @@ class Leases:
                                   "p_status": r.status, "p_now": now, "p_token": token, "p_instance": instance,
                                   "p_lease_s": r.lease_s, "p_missed": r.missed, "p_skipped": r.skipped}
         stmt = self._stmts.claim(seen is None, r.take_lease, r.only_free_lease, r.status is not None, r.retry)
-        return token if conn.execute(stmt, params).rowcount == 1 else False
+        prepared = self._claim_prepared.get(id(stmt))
+        if prepared is None:
+            prepared = self._claim_prepared[id(stmt)] = Prepared(stmt, self.engine.dialect)
+        return token if prepared.execute(conn, params) == 1 else False
 
     def _insert_runs(self, conn: sa.Connection, requests: Sequence[ClaimRequest], tokens: list[str | bool | None],
                      won: list[bool], started_at: dt.datetime, instance: str) -> list[Claim | None]:
@@ -506,12 +522,11 @@ class Leases:
                 claims.append(None)
                 continue
             lock_token = t if isinstance(t, str) else None
-            key = conn.execute(self._stmts.insert_run, {
+            run_id = self._insert_run.insert(conn, {
                 "p_job_id": r.job["id"], "p_scheduled_at": r.scheduled_at, "p_instance": instance,
                 "p_token": lock_token, "p_started_at": started_at, "p_deadline_at": r.deadline_at,
-                "p_queued_at": r.queued_at, "p_missed": r.missed, "p_attempt": r.attempt}).inserted_primary_key
-            assert key is not None  # an INSERT of one row always has one
-            claims.append(Claim(run_id=int(key[0]), lock_token=lock_token, started_at=started_at))
+                "p_queued_at": r.queued_at, "p_missed": r.missed, "p_attempt": r.attempt})
+            claims.append(Claim(run_id=run_id, lock_token=lock_token, started_at=started_at))
         return claims
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
@@ -561,11 +576,11 @@ class Leases:
             if self.dialect == "postgresql" and len({o.run_id for o in outcomes}) == len(outcomes) > 1:
                 done = self._finish_rows_pg(conn, outcomes)
             else:
-                done = [conn.execute(st.finish_run if o.token is not None else st.finish_run_without_lease, {
+                done = [(self._finish_run if o.token is not None else self._finish_run_without_lease).execute(conn, {
                     "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
                     "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
                     "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
-                    "p_max_rss_mb": o.max_rss_mb}).rowcount == 1 for o in outcomes]
+                    "p_max_rss_mb": o.max_rss_mb}) == 1 for o in outcomes]
             won = [o for o, d in zip(outcomes, done, strict=True) if d]
             for o in won:  # the pending retry, before the statistics (a retried failure is not final)
                 if o.retry_at is not None:
@@ -582,14 +597,14 @@ class Leases:
                     "p_durations": [o.duration_ms for o in counted],
                     "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
                     "p_completed": [_naive(o.completed_at) for o in counted]})
-            for stmt, group in ((st.stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
-                                (st.stats_with_duration, [o for o in counted
-                                                          if o.duration_ms is not None and not pg_batch])):
+            for stmt, group in ((self._stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
+                                (self._stats_with_duration, [o for o in counted
+                                                             if o.duration_ms is not None and not pg_batch])):
                 if group:
-                    conn.execute(stmt, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
-                                         "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
-                                         "p_final_failure": 0 if o.success or o.retry_set else 1,
-                                         "p_completed_at": o.completed_at} for o in group])
+                    stmt.executemany(conn, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
+                                             "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
+                                             "p_final_failure": 0 if o.success or o.retry_set else 1,
+                                             "p_completed_at": o.completed_at} for o in group])
             for o in won:
                 if o.pause_reason is not None and not o.success and not o.retry_set and o.count:
                     o.paused = conn.execute(st.pause_on_failures, {
@@ -602,7 +617,7 @@ class Leases:
                 conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
                                                   "p_tokens": [r["p_token"] for r in releases]})
             elif releases:
-                conn.execute(st.release, releases)
+                self._release.executemany(conn, releases)
             for o in won:
                 if o.notices:
                     insert_notices(conn, self.dialect, o.notices)

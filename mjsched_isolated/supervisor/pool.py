@@ -17,12 +17,13 @@ import logging
 import math
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,23 @@ MAX_RESPAWN_BACKOFF_S = 60.0
 RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop by then is killed
 
 
+def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
+    """``multiprocessing.connection.wait`` on POSIX (the same handles - objects with ``fileno()`` or file
+    descriptors -, the same millisecond rounding up, any event counting as ready), without building a
+    selector and its keys at every call: one ``select.poll`` (issue 11, the supervisor's loop runs this for
+    every batch of results). Returns the ready handles."""
+    poller = select.poll()
+    by_fd: dict[int, list[Any]] = {}
+    for handle in handles:
+        fd = handle if isinstance(handle, int) else handle.fileno()
+        if fd not in by_fd:
+            poller.register(fd, select.POLLIN)
+            by_fd[fd] = []
+        by_fd[fd].append(handle)
+    timeout_ms = None if timeout_s is None else math.ceil(max(0.0, timeout_s) * 1000)
+    return [handle for fd, _ in poller.poll(timeout_ms) for handle in by_fd[fd]]
+
+
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
@@ -58,6 +76,8 @@ class Worker:
         self.runs_done = 0
         self.retiring: str | None = None  # the child said it exits after its last run, and why
         self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
+        self.pending = select.poll()  # its pipe alone: "is another message waiting?" in one call (_drain)
+        self.pending.register(conn.fileno(), select.POLLIN)
 
     @property
     def pid(self) -> int:
@@ -214,7 +234,7 @@ class Pool:
                 by_handle[worker.conn] = worker
                 by_handle[worker.process.sentinel] = worker
         timeout_s = min(max(0.0, timeout_s), self._next_maintenance_in())
-        ready = wait(list(by_handle) + list(extra), timeout_s)
+        ready = wait_ready([*by_handle, *extra], timeout_s)
         events: list[ChildEvent] = []
         for worker in {by_handle[h].slot: by_handle[h] for h in ready if h in by_handle}.values():
             if self.workers.get(worker.slot) is not worker:
@@ -233,7 +253,7 @@ class Pool:
     def _drain(self, worker: Worker, events: list[ChildEvent]) -> bool:
         """Append every pending message of ``worker`` to ``events``; True if its pipe reached EOF."""
         try:
-            while worker.conn.poll():
+            while worker.pending.poll(0):  # a message, or EOF (recv then raises EOFError)
                 message = protocol.decode_to_supervisor(worker.conn.recv_bytes())
                 if isinstance(message, protocol.Importing):
                     worker.importing = message.module

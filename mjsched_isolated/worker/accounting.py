@@ -20,6 +20,7 @@ Runs that are killed (deadline, cancel, a crash) send no result, so they have no
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 
@@ -32,25 +33,33 @@ def _cpu(usage: resource.struct_rusage) -> float:
 
 
 def _reset_peak() -> bool:
-    """Reset this process's ``VmHWM`` to its current RSS; False where the platform cannot."""
+    """Reset this process's ``VmHWM`` to its current RSS; False where the platform cannot. Plain ``os``
+    calls: a file object costs twice as much, on every run (issue 11)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
     except OSError:
         return False
+    try:
+        os.write(fd, b"5")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
 def _vm_hwm_kib() -> int | None:
     """This process's peak RSS since the last reset (``VmHWM``), KiB; None without ``/proc``."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        start = data.index(b"\nVmHWM:") + 7
+        return int(data[start:data.index(b"kB", start)])
+    except (OSError, ValueError):
         return None
-    return None
 
 
 class Meter:

@@ -83,7 +83,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         describe_error: Callable[[BaseException], str | None] | None = None) -> protocol.RunFinished:
     """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
 
-    Sends ``RunStarted`` before the plugin's ``execute`` and (throttled to one per
+    Sends ``RunStarted`` before the plugin's ``execute`` (when logging at DEBUG: issue 11) and (throttled to one per
     ``HEARTBEAT_MIN_GAP_S``) a ``Heartbeat`` per ``context.heartbeat()``. An ``async def execute`` runs to
     completion in :func:`event_loop`; tasks it leaves pending are cancelled. A configuration that is no
     longer valid gives a failure ``not started: ...``; a plugin exception (``SystemExit`` and
@@ -110,7 +110,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         configuration=cls.parse_configuration(req.configuration),
         scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
     )
-    sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
+    if logging.getLogger().isEnabledFor(logging.DEBUG):  # its only reader is the supervisor's debug line
+        sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
     plugin = cls()
     try:
         result = _call(plugin, context)

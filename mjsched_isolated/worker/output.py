@@ -113,7 +113,7 @@ class OutputCapture:
         self.max_bytes = max_bytes
         self.real_stderr: io.TextIOWrapper | None = None  # the supervisor's stderr, for the worker's own log
         self._run: _RunBuffer | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the reader reads the pipe and takes the data under it (see end)
         self._ended = threading.Event()
         self._read_fd = -1
         self._control_w = -1
@@ -172,6 +172,10 @@ class OutputCapture:
         run = self._run
         if run is None:
             return 0
+        with self._lock:  # a run that wrote nothing ends here, without waking the reader thread (issue 11)
+            if run.total == 0 and not select.select([self._read_fd], [], [], 0)[0]:
+                self._run = None
+                return 0
         self._ended.clear()
         try:
             os.write(self._control_w, b"e")
@@ -196,10 +200,12 @@ class OutputCapture:
             timeout = None if run is None or not run.pending else max(0.0, run.flush_at - time.monotonic())
             ready, _, _ = select.select([self._read_fd, control_r], [], [], timeout)
             if self._read_fd in ready:
-                data = os.read(self._read_fd, READ_SIZE)
+                with self._lock:  # read and taken at once: end() sees either the data in the pipe or the run's
+                    data = os.read(self._read_fd, READ_SIZE)
+                    if data:
+                        self._take(data)
                 if not data:
                     return
-                self._take(data)
             if control_r in ready:
                 if os.read(control_r, 1) == b"f":
                     self._drain()
