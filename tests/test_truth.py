@@ -1,0 +1,129 @@
+"""The records tell the truth (issue 12, "Defects found"): an abandoned run keeps the true result its own
+supervisor reports later, a watchdog's kill is recorded as a fence, and ``context.deadline_at`` follows a
+heartbeat's extension."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+
+from conftest import add_job
+
+from mjsched_isolated import notices
+from mjsched_isolated.store import Store
+from mjsched_isolated.store.leases import Outcome
+
+NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
+YEARLY = "0 0 1 1 *"
+
+
+# -- 1. an abandoned run keeps its true, late result -----------------------------------------------------
+def _abandoned_run(store: Store, instance: str = "cut-off:1") -> tuple[dict, object]:
+    """A run of ``instance`` (never registered: dead to the others) abandoned by a sweep."""
+    job = add_job(store, "nightly", "ok", YEARLY, now=NOW, next_run_at=NOW)
+    claim = store.claim(job, now=NOW, next_run_at=NOW + dt.timedelta(days=365), instance=instance, lease_s=600,
+                        deadline_at=NOW + dt.timedelta(minutes=10), scheduled_at=job["next_run_at"])
+    assert claim is not None
+    assert [r["id"] for r in store.abandon_orphaned_runs()] == [claim.run_id]
+    return job, claim
+
+
+def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_store):
+    """On all three databases: the late outcome lands in the ``late_*`` columns of the run its supervisor
+    claimed (id, token and instance); the run stays Failed (abandoned), the job's statistics and lease are
+    left as the abandonment set them; only once, only by that supervisor, only over an abandonment."""
+    store = any_store
+    job, claim = _abandoned_run(store)
+    before_run, before_job = store.get_run(claim.run_id), store.get_job("nightly")
+    ended = NOW + dt.timedelta(seconds=42, microseconds=5000)
+    late = Outcome(claim.run_id, job["id"], claim.lock_token, "Completed", True, None, {"rows": 12}, 1.0,
+                   completed_at=ended)
+    assert store.keep_late_result(late, "someone-else:2") is None  # not its run
+    assert store.keep_late_result(Outcome(claim.run_id, job["id"], "other-token", "Completed", True),
+                                  "cut-off:1") is None  # not the lease it ran under
+    asked = []
+    kept = store.keep_late_result(late, "cut-off:1", notices_for=lambda r: asked.append(r) or [])
+    assert kept is not None and asked == [kept]
+    assert (kept["late_status"], kept["late_completed_at"], kept["job_name"]) == ("Completed", ended, "nightly")
+    assert kept["completed_at"] == before_run["completed_at"] and kept["error_message"].startswith("abandoned: ")
+    run = store.get_run(claim.run_id)
+    assert (run["status"], run["success"], run["error_message"], run["completed_at"], run["duration_ms"]) == (
+        "Failed", False, before_run["error_message"], before_run["completed_at"], before_run["duration_ms"])
+    assert (run["late_status"], run["late_completed_at"], run["late_details"], run["late_error_message"]) == (
+        "Completed", ended, {"rows": 12}, None)
+    row = store.get_job("nightly")
+    assert {k: row[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")} == {
+        k: before_job[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")}
+    assert store.keep_late_result(late, "cut-off:1") is None  # kept once
+
+
+def test_a_result_over_a_verdict_that_is_not_an_abandonment_is_not_kept(any_store):
+    store = any_store
+    job = add_job(store, "nightly", "ok", YEARLY, now=NOW, next_run_at=NOW)
+    claim = store.claim(job, now=NOW, next_run_at=NOW + dt.timedelta(days=1), instance="me:1", lease_s=600,
+                        deadline_at=NOW + dt.timedelta(minutes=10), scheduled_at=job["next_run_at"])
+    assert store.finish_runs([Outcome(claim.run_id, job["id"], claim.lock_token, "Failed", False, "boom")]) == [True]
+    assert store.keep_late_result(Outcome(claim.run_id, job["id"], claim.lock_token, "Completed", True),
+                                  "me:1") is None
+    assert store.get_run(claim.run_id)["late_status"] is None
+
+
+def test_a_supervisor_back_with_the_result_of_a_run_another_abandoned_keeps_it_and_says_so(mem_store, fake_factory,
+                                                                                          caplog):
+    """The supervisor was cut off longer than its TTL; meanwhile another supervisor's sweep recorded its run
+    Failed (abandoned) with a failure notice. Its plugin really completed: the result it brings back is kept
+    on the run, logged as "run N was abandoned at ...; its supervisor ... later reported Completed at ...",
+    and the failure notice's audience gets a notice saying so. Before: only "result not recorded" in its log."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    add_job(store, "nightly", "ok", YEARLY)
+    d.until(lambda: bool(d.pool.held))
+    (run_id,) = d.pool.held
+    store.stop_supervisor(d.settings.instance)  # its lease as the others see it: gone
+    (abandoned,) = store.abandon_orphaned_runs(notices_for=lambda run: notices.outbox_rows(
+        notices.for_abandoned(run), ["log"]))
+    d.pool.finish(run_id)  # the plugin completed meanwhile; its result reaches the supervisor now
+    caplog.set_level(logging.WARNING, "mjsched.supervisor")
+    d.until(lambda: store.get_run(run_id)["late_status"] is not None, 10)
+    run = store.get_run(run_id)
+    assert (run["status"], run["late_status"]) == ("Failed", "Completed")
+    assert run["error_message"] == abandoned["error_message"]
+    assert run["late_completed_at"] >= run["started_at"] and run["late_details"]["pid"]
+    line = (f"run {run_id} was abandoned at {run['completed_at'].isoformat().replace('+00:00', 'Z')}; its "
+            f"supervisor {d.settings.instance} later reported Completed at ")
+    assert line in caplog.text and "not recorded" not in caplog.text
+    sent = [(n["event"], n["subject"]) for n in store.list_notifications() if n["run_id"] == run_id]
+    assert sent[0][0] == "Failure" and sent[1:] == [
+        ("Success", f"Scheduled job 'nightly': abandoned run {run_id} really ended Completed")]
+    job = store.get_job("nightly")
+    assert (job["success_count"], job["failure_count"]) == (0, 1)  # the abandonment's accounting stands
+
+
+def test_a_fenced_result_is_not_kept_as_a_late_one(mem_store, fake_factory):
+    """A run the supervisor itself killed because its lease was lost has no true result to keep."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    add_job(store, "nightly", "ok", YEARLY)
+    d.until(lambda: bool(d.pool.held))
+    (run_id,) = d.pool.held
+    store.stop_supervisor(d.settings.instance)
+    store.abandon_orphaned_runs()
+    flight = d.supervisor.inflight[run_id]
+    d.supervisor.guard.fence(flight, store.get_run(run_id)["completed_at"], "its lease was lost")
+    assert store.get_run(run_id)["late_status"] is None
+
+
+def test_the_late_result_notice_text():
+    result = {"id": 7, "job_id": 1, "job_name": "j", "executed_by_instance": "h-1-ab", "started_at": NOW,
+              "completed_at": NOW + dt.timedelta(seconds=30), "error_message": "abandoned: ...",
+              "late_status": "Failed", "late_completed_at": NOW + dt.timedelta(seconds=40),
+              "late_error_message": "disk full", "notify_on_failure": True, "notify_recipients": json.dumps(["a@b"])}
+    notice = notices.for_late_result(result)
+    assert notice is not None and (notice.event, notice.recipients) == ("Failure", ["a@b"])
+    assert ("run 7 was abandoned at 2026-06-01T12:00:30Z; its supervisor h-1-ab later reported Failed at "
+            "2026-06-01T12:00:40Z") in notice.body and "disk full" in notice.body
+    assert notices.for_late_result({**result, "notify_on_failure": False}) is None
+
