@@ -7,8 +7,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
+import signal
+import time
 
-from conftest import add_job
+import pytest
+from conftest import add_job, isolated_database, serial
+from procs import Serve
+from waiting import wait_gone, wait_until
 
 from mjsched_isolated import notices
 from mjsched_isolated.store import Store
@@ -127,3 +133,63 @@ def test_the_late_result_notice_text():
             "2026-06-01T12:00:40Z") in notice.body and "disk full" in notice.body
     assert notices.for_late_result({**result, "notify_on_failure": False}) is None
 
+
+
+# -- 3. a watchdog's kill is a fence ------------------------------------------------------------------------
+def test_a_sigkill_while_the_lease_lapsed_is_recorded_fenced_not_as_a_dead_worker(mem_store, fake_factory):
+    """The supervisor was frozen past 0.8 x TTL: its busy worker's watchdog killed the run (SIGKILL). On
+    waking, the renewal comes first and then the death: it is recorded fenced (the watchdog acted for the
+    supervisor), not "died (killed by signal SIGKILL): ... out-of-memory killer". A SIGKILL with no lapse
+    still reads as the kernel's."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2, lease_ttl_s=3.0, lease_renew_interval_s=1.0)
+    d.pool.hold()
+    add_job(store, "frozen", "ok", YEARLY)
+    d.until(lambda: len(d.pool.held) == 1)
+    (frozen,) = d.pool.held
+    lease = d.supervisor.liveness
+    lease.valid_until = time.monotonic() - 1.0  # frozen: its lease is past its local validity...
+    d.pool.crash(frozen, exitcode=-signal.SIGKILL)  # ... so the worker's watchdog killed the run
+    lease.next_renew = float("-inf")  # it wakes: the renewal is due at once and comes first
+    d.until(lambda: store.get_run(frozen)["status"] != "Running", 10)
+    run = store.get_run(frozen)
+    assert run["status"] == "Failed" and run["error_message"].startswith(
+        "fenced: its worker's watchdog killed it: this supervisor's liveness lease was not renewed for 2.4 s"), \
+        run["error_message"]
+    add_job(store, "later", "ok", YEARLY)
+    d.until(lambda: len(d.pool.held) == 1 and d.pool.held[0] != frozen)
+    (later,) = d.pool.held  # started after the lapse: a SIGKILL now is not the watchdog's
+    d.pool.crash(later, exitcode=-signal.SIGKILL)
+    d.until(lambda: store.get_run(later)["status"] != "Running", 10)
+    assert "out-of-memory killer" in store.get_run(later)["error_message"]
+
+
+@serial
+@pytest.mark.timeout(60)
+def test_a_frozen_supervisors_run_killed_by_its_watchdog_is_recorded_fenced(tmp_path):
+    """Real processes: SIGSTOP freezes serve while a run hangs; the worker's watchdog kills the run's tree
+    at 0.8 x TTL; SIGCONT before the TTL (nobody abandons it): the run is recorded Failed "fenced: its
+    worker's watchdog killed it ...", not "worker died (SIGKILL)"."""
+    ttl_s = 4.0
+    with isolated_database("sqlite", tmp_path) as url:
+        store = Store.open(url)
+        add_job(store, "long", "hang", YEARLY, configuration=json.dumps({"marker_dir": str(tmp_path)}))
+        s = Serve(url, "--lease-ttl-s", str(ttl_s), "--lease-renew-interval-s", "1", "--rescan-interval-s", "0.5",
+                  "--max-concurrent-jobs", "1")
+        try:
+            run_id = int(s.wait_for(r"run (\d+) started: job long").group(1))
+            grandchild = int(s.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
+            worker = int((tmp_path / f"long.{run_id}.started").read_text())
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                assert wait_gone([worker, grandchild], timeout_s=ttl_s) == []  # the watchdog's kill
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+            s.wait_for(rf"run {run_id} of job long fenced: its worker's watchdog killed it", timeout_s=15)
+            wait_until(lambda: store.get_run(run_id)["status"] != "Running", 10, "the fenced run recorded")
+            run = store.get_run(run_id)
+            assert run["status"] == "Failed" and run["error_message"].startswith("fenced: its worker's watchdog")
+            assert run["duration_ms"] is not None
+        finally:
+            s.stop()
+            store.close()

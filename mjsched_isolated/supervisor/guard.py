@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from mjsched_isolated.config import Settings
@@ -28,7 +29,9 @@ class RunGuard:
     before recording its end, so a run is recorded at most once by this supervisor."""
 
     def __init__(self, settings: Settings, store: Store, pool: Any, metrics: Metrics, recorder: Recorder,
-                 inflight: dict[int, InFlight]) -> None:
+                 inflight: dict[int, InFlight], lease_lapsed: Callable[[InFlight], bool] = lambda _flight: False,
+                 ) -> None:
+        self.lease_lapsed = lease_lapsed  # did the liveness lease lapse while this run was in flight?
         self.settings = settings
         self.store = store
         self.pool = pool
@@ -178,6 +181,15 @@ class RunGuard:
         if flight.kill_at is not None:  # sent SIGTERM at its deadline: the worker ended within the grace
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
+            return
+        if event.exitcode == -signal.SIGKILL and self.lease_lapsed(flight):
+            self.metrics.run_killed("fence")
+            why = (f"its worker's watchdog killed it: this supervisor's liveness lease was not renewed for "
+                   f"{self.settings.lease_ttl_s * 0.8:g} s (0.8 x lease_ttl_s; the supervisor was frozen or cut "
+                   "off), so another supervisor might take the job over")
+            log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
+            self.recorder.record(flight, now, status="Failed", success=False, error_message=f"fenced: {why}",
+                                 fenced=True)
             return
         self.recorder.record(flight, now, status="Failed", success=False,
                              error_message=f"worker process {event.worker.pid} died during the run ({how})"
