@@ -193,3 +193,38 @@ def test_a_frozen_supervisors_run_killed_by_its_watchdog_is_recorded_fenced(tmp_
         finally:
             s.stop()
             store.close()
+
+
+# -- 4. context.deadline_at follows a heartbeat's extension ------------------------------------------------
+def test_the_extended_deadline_is_sent_to_the_run_and_its_context_shows_it(mem_store, fake_factory):
+    """A heartbeat that extends the deadline: the supervisor sends the new deadline to the run's worker,
+    and the plugin's ``context.deadline_at`` is that deadline (the run row's), not the one it started with."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_lease_s=120)
+    d.pool.hold()
+    add_job(store, "watch", "watch_deadline", YEARLY)
+    d.until(lambda: bool(d.pool.held))
+    (run_id,) = d.pool.held
+    started_with = store.get_run(run_id)["deadline_at"]
+    d.pool.beat(run_id)
+    d.until(lambda: store.get_run(run_id)["deadline_at"] != started_with, 10)
+    extended = store.get_run(run_id)["deadline_at"]
+    assert extended - started_with > dt.timedelta(seconds=60)
+    d.pool.finish(run_id)
+    d.until(lambda: store.get_run(run_id)["status"] == "Completed", 10)
+    assert d.pool.submitted[0].deadline_at == pytest.approx(started_with.timestamp(), abs=1e-3)
+    assert store.get_run(run_id)["details"]["last"] == pytest.approx(extended.timestamp(), abs=1e-3)
+
+
+@pytest.mark.timeout(60)
+def test_a_real_plugin_sees_its_deadline_move_after_a_heartbeat(store, driver_factory):
+    """Real worker: the plugin reads ``context.deadline_at``, heartbeats, and sees the extended deadline
+    arrive over its pipe (within its 10 s bound: in practice milliseconds), equal to the run row's."""
+    d = driver_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_lease_s=120)
+    add_job(store, "watch", "watch_deadline", YEARLY, configuration=json.dumps({"seconds": 10}))
+    d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="watch")), 30)
+    (run,) = store.list_runs(job_name="watch")
+    assert run["status"] == "Completed", run["error_message"]
+    first, last = run["details"]["first"], run["details"]["last"]
+    assert last - first > 60  # 30 s from the start, then 120 s from the heartbeat
+    assert last == pytest.approx(run["deadline_at"].timestamp(), abs=1e-3)

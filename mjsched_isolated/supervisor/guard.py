@@ -93,7 +93,8 @@ class RunGuard:
         """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
         at once, unlike the reference, whose first beat can only count after 5 min), to
         ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1), never past the
-        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``)."""
+        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``). The new deadline is sent back to the
+        worker, so the plugin's ``context.deadline_at`` shows it."""
         if flight.kill_at is not None:  # past its deadline, being terminated: too late to extend
             return
         if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
@@ -112,6 +113,7 @@ class RunGuard:
         if extended:
             flight.deadline = deadline
             flight.last_extended = now
+            self.pool.tell_deadline(flight.worker, flight.run_id, deadline.timestamp())  # context.deadline_at
             log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, iso(deadline),
                       extra=log_ctx(flight))
         else:
@@ -201,6 +203,7 @@ class RunGuard:
         one never stretches a deadline."""
         for flight in self.inflight.values():
             flight.shift(by)
+            self.pool.tell_deadline(flight.worker, flight.run_id, flight.deadline.timestamp())
             lease_s = max(0.0, (flight.deadline - now).total_seconds()) + self.settings.lease_ttl_s
             try:
                 self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, flight.deadline)

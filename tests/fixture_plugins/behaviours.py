@@ -116,6 +116,23 @@ class Beat(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class WatchDeadline(BaseScheduledJob):
+    """Heartbeats once, then watches ``context.deadline_at`` for at most ``seconds`` until it moves; reports
+    the deadline it started with and the last one it saw (epoch seconds)."""
+
+    job_type = "watch_deadline"
+    configuration_type = Config
+
+    def execute(self, context):
+        first = context.deadline_at
+        context.heartbeat()
+        end = time.monotonic() + context.configuration.seconds
+        while context.deadline_at == first and time.monotonic() < end:
+            time.sleep(0.005)  # the plugin's own polling, bounded by ``seconds``
+        return ScheduledJobResult(success=True, details={"first": first.timestamp(),
+                                                         "last": context.deadline_at.timestamp()})
+
+
 class Hang(BaseScheduledJob):
     """Starts a grandchild that sleeps forever (its pid in <marker_dir>/<job>.<run>.grandchild), then hangs."""
 
