@@ -12,11 +12,12 @@ import signal
 import time
 
 import pytest
-from conftest import add_job, isolated_database, serial
+from conftest import FIXTURE_PLUGINS, add_job, isolated_database, serial
 from procs import Serve
 from waiting import wait_gone, wait_until
 
 from mjsched_isolated import notices
+from mjsched_isolated.client import Client
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.leases import Outcome
 
@@ -35,10 +36,11 @@ def _abandoned_run(store: Store, instance: str = "cut-off:1") -> tuple[dict, obj
     return job, claim
 
 
-def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_store):
+def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_store, backend_url):
     """On all three databases: the late outcome lands in the ``late_*`` columns of the run its supervisor
     claimed (id, token and instance); the run stays Failed (abandoned), the job's statistics and lease are
-    left as the abandonment set them; only once, only by that supervisor, only over an abandonment."""
+    left as the abandonment set them; only once, only by that supervisor, only over an abandonment. The
+    Python API's ``Run`` carries it."""
     store = any_store
     job, claim = _abandoned_run(store)
     before_run, before_job = store.get_run(claim.run_id), store.get_job("nightly")
@@ -62,6 +64,28 @@ def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_stor
     assert {k: row[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")} == {
         k: before_job[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")}
     assert store.keep_late_result(late, "cut-off:1") is None  # kept once
+    with Client(backend_url) as client:
+        seen = client.get_run(claim.run_id)
+    assert (seen.status, seen.late_status, seen.late_completed_at, seen.late_details) == (
+        "Failed", "Completed", ended, {"rows": 12})
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # starlette's test client on httpx
+def test_the_dashboards_run_page_shows_the_late_result(store, db_url):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mjsched_isolated.config import build_settings
+    from mjsched_isolated.dashboard.app import create_app
+
+    job, claim = _abandoned_run(store)
+    store.keep_late_result(Outcome(claim.run_id, job["id"], claim.lock_token, "Completed", True,
+                                   completed_at=NOW + dt.timedelta(seconds=42)), "cut-off:1")
+    settings = build_settings({"database_url": db_url, "plugins_dir": FIXTURE_PLUGINS})
+    with TestClient(create_app(settings, store, poll_s=0.05), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/runs/{claim.run_id}")
+    assert page.status_code == 200
+    assert "its supervisor later reported" in page.text and "Completed" in page.text
 
 
 def test_a_result_over_a_verdict_that_is_not_an_abandonment_is_not_kept(any_store):
