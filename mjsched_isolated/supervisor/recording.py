@@ -167,8 +167,8 @@ class Recorder:
             return False
         if channels and kept["notify_on_failure"]:
             self.wake_sender()
-        log.warning("run %d of job %s: %s; kept on the run as its late result (it stays Failed: abandoned)%s",
-                    flight.run_id, flight.job_name, notices.late_result_text(kept),
+        log.warning("job %s: %s; kept on the run as its late result (it stays Failed: abandoned)%s",
+                    flight.job_name, notices.late_result_text(kept),
                     f": {one_line(outcome.error_message)}" if outcome.error_message else "", extra=log_ctx(flight))
         return True
 
