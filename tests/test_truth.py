@@ -131,6 +131,37 @@ def test_a_supervisor_back_with_the_result_of_a_run_another_abandoned_keeps_it_a
     assert (job["success_count"], job["failure_count"]) == (0, 1)  # the abandonment's accounting stands
 
 
+@serial
+@pytest.mark.timeout(60)
+def test_a_frozen_supervisor_that_was_abandoned_keeps_its_runs_true_result(tmp_path):
+    """Real processes: serve is frozen (SIGSTOP) while its run's plugin finishes; meanwhile its lease is
+    taken for dead and the run abandoned (as another supervisor's sweep does). Woken (SIGCONT), it reads
+    the result its worker sent: kept on the run as its late result, logged, the run still Failed."""
+    with isolated_database("sqlite", tmp_path) as url:
+        store = Store.open(url)
+        add_job(store, "nightly", "sleep_then_mark", YEARLY,
+                configuration=json.dumps({"marker_dir": str(tmp_path), "seconds": 0.3}))
+        s = Serve(url, "--lease-ttl-s", "30", "--lease-renew-interval-s", "10", "--max-concurrent-jobs", "1")
+        try:
+            run_id = int(s.wait_for(r"run (\d+) started: job nightly").group(1))
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: (tmp_path / f"nightly.{run_id}.finished").exists(), 10, "the plugin finished")
+                (instance,) = [r["instance"] for r in store.list_supervisors()]
+                store.stop_supervisor(instance)  # taken for dead ...
+                assert [r["id"] for r in store.abandon_orphaned_runs()] == [run_id]  # ... and its run abandoned
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+            s.wait_for(rf"run {run_id} was abandoned at \S+; its supervisor {instance} later reported Completed at "
+                       r"\S+; kept on the run as its late result", timeout_s=15)
+            run = store.get_run(run_id)
+            assert (run["status"], run["late_status"], run["late_details"]) == ("Failed", "Completed", {"slept_s": 0.3})
+            assert run["error_message"].startswith("abandoned: ") and run["late_completed_at"] > run["started_at"]
+        finally:
+            s.stop()
+            store.close()
+
+
 def test_a_fenced_result_is_not_kept_as_a_late_one(mem_store, fake_factory):
     """A run the supervisor itself killed because its lease was lost has no true result to keep."""
     store = mem_store

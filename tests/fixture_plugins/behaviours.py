@@ -116,6 +116,21 @@ class Beat(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class SleepThenMark(BaseScheduledJob):
+    """Sleeps ``seconds``, then writes <marker_dir>/<job>.<run>.finished just before it returns."""
+
+    job_type = "sleep_then_mark"
+    configuration_type = Config
+
+    def execute(self, context):
+        _mark(context)
+        time.sleep(context.configuration.seconds)
+        cfg = context.configuration
+        if cfg.marker_dir:
+            _write_atomically(Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.finished"), "done")
+        return ScheduledJobResult(success=True, details={"slept_s": cfg.seconds})
+
+
 class WatchDeadline(BaseScheduledJob):
     """Heartbeats once, then watches ``context.deadline_at`` for at most ``seconds`` until it moves; reports
     the deadline it started with and the last one it saw (epoch seconds)."""
