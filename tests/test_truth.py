@@ -70,7 +70,7 @@ def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_stor
         "Failed", "Completed", ended, {"rows": 12})
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # starlette's test client on httpx
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 def test_the_dashboards_run_page_shows_the_late_result(store, db_url):
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
