@@ -62,8 +62,10 @@ class JobContext(Generic[ConfigT]):
     ``configuration`` (the parsed configuration: an instance of the plugin's ``configuration_type``, or
     the raw JSON value when the plugin declares none; typed ``ConfigT``), ``scheduled_at`` (aware UTC datetime of the
     occurrence, or None for a manual run), ``deadline_at`` (aware UTC datetime at which the supervisor
-    will kill the run unless heartbeats extend it; the deadline as the run started: an extension moves
-    the run row's ``deadline_at``, not this value) and ``log`` (a logger named after the job type).
+    will kill the run unless heartbeats extend it; after a heartbeat that extended it, the new deadline,
+    which the supervisor sends back over the worker's pipe: it shows within milliseconds, at the latest at
+    the next ``heartbeat()`` call) and ``log`` (a logger named after the job type).
+    ``deadline_updates`` (for the worker): returns the newest deadline the supervisor sent, or None.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class JobContext(Generic[ConfigT]):
         scheduled_at: dt.datetime | None = None,
         deadline_at: dt.datetime | None = None,
         heartbeat: Callable[[], None] | None = None,
+        deadline_updates: Callable[[], dt.datetime | None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.job_id = job_id
@@ -84,9 +87,32 @@ class JobContext(Generic[ConfigT]):
         self.job_type = job_type
         self.configuration: ConfigT = configuration
         self.scheduled_at = scheduled_at
-        self.deadline_at = deadline_at
+        self._deadline_at = deadline_at
+        self._deadline_updates = deadline_updates
         self.log = logging.getLogger(f"mjsched.plugin.{job_type}")
         self._heartbeat = heartbeat
+
+    @property
+    def deadline_at(self) -> dt.datetime | None:
+        """When the supervisor kills the run unless heartbeats extend it (aware UTC), as last extended."""
+        self._follow_deadline()
+        return self._deadline_at
+
+    @deadline_at.setter
+    def deadline_at(self, value: dt.datetime | None) -> None:
+        self._deadline_at = value
+
+    def _follow_deadline(self) -> None:
+        """Take the newest deadline the supervisor sent (never raises: a plugin's read must not fail)."""
+        if self._deadline_updates is None:
+            return
+        try:
+            newer = self._deadline_updates()
+        except Exception:
+            self.log.debug("deadline update could not be read", exc_info=True)
+            return
+        if newer is not None:
+            self._deadline_at = newer
 
     def heartbeat(self) -> None:
         """Tell the supervisor this run is making progress, asking it to extend the run's deadline.
@@ -101,6 +127,7 @@ class JobContext(Generic[ConfigT]):
             self._heartbeat()
         except Exception:
             self.log.debug("heartbeat could not be sent", exc_info=True)
+        self._follow_deadline()  # an extension earned by an earlier heartbeat, if it has come
 
 
 class BaseScheduledJob(Generic[ConfigT]):

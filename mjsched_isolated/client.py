@@ -104,7 +104,9 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     """A run (the ``runs`` table, plus ``job_name``). ``scheduled_at`` is None for a manual run;
     ``details`` is the plugin's result details; ``duration_ms`` in milliseconds; ``cpu_s`` (CPU seconds)
     and ``max_rss_mb`` (peak resident memory, MiB): what the run used, None when not measured (a killed
-    run, a run before revision 0011)."""
+    run, a run before revision 0011). ``late_status``, ``late_completed_at``, ``late_error_message`` and
+    ``late_details``: the true outcome of a run recorded Failed (abandoned) by another supervisor, as its
+    own supervisor reported it later (None: none came; revision 0015)."""
 
     id: int
     job_id: int
@@ -126,6 +128,10 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     cpu_s: float | None = None
     max_rss_mb: float | None = None
     attempt: int = 1
+    late_status: RunStatus | None = None
+    late_completed_at: dt.datetime | None = None
+    late_error_message: str | None = None
+    late_details: dict[str, Any] | None = None
 
 
 def _job(row: dict[str, Any]) -> Job:

@@ -10,6 +10,8 @@ A notice is decided when its cause is recorded and becomes one outbox row per en
 * ``Skipped`` / ``Missed``: an occurrence dropped by ``concurrency_mode`` Skip / by the missed-run policy,
   for a job with ``notify_on_missed``.
 * Cancelled runs (shutdown) never notify.
+* A run abandoned by another supervisor whose own supervisor later reports its true outcome: a notice
+  to the failure notice's audience saying so (:func:`for_late_result`).
 * A failure that will be retried (``max_retries``) says so in its subject ("failed, retry 2 of 3 at ...",
   Normal priority); the final failure reads as any failure. A job paused on repeated failure
   (``pause_after_failures``) sends a High-priority ``Failure`` notice naming the reason (:func:`for_pause`).
@@ -116,6 +118,36 @@ def for_abandoned(run: Mapping[str, Any]) -> Notice | None:
     job = {"id": run["job_id"], "name": run["job_name"], "notify_on_failure": True,
            "notify_recipients": run.get("notify_recipients")}
     return for_run(job, run["id"], status="Failed", error_message=run["error_message"])
+
+
+def late_result_text(result: Mapping[str, Any]) -> str:
+    """One line saying that run ``result["id"]`` was recorded abandoned, then reported late by its own
+    supervisor (``result``: a :class:`~mjsched_isolated.store.records.LateResult`)."""
+    abandoned_at = result.get("completed_at")
+    return (f"run {result['id']} was abandoned at {iso(abandoned_at) if abandoned_at else '-'}; its supervisor "
+            f"{result.get('executed_by_instance')} later reported {result['late_status']} at "
+            f"{iso(result['late_completed_at'])}")
+
+
+def for_late_result(result: Mapping[str, Any]) -> Notice | None:
+    """The notice correcting an abandoned run's failure notice once its own supervisor reported the true
+    outcome (``result``: a :class:`~mjsched_isolated.store.records.LateResult`): sent to whoever got the
+    failure notice (a job with ``notify_on_failure``), as a ``Success`` for a late Completed, else a
+    ``Failure``; Normal priority. The run stays Failed in the records (its late outcome is kept beside)."""
+    if not result.get("notify_on_failure"):
+        return None
+    late = result["late_status"]
+    line = late_result_text(result)
+    body = (f"Job '{result['job_name']}': {line}. The run stays recorded Failed (abandoned) for its job's "
+            f"statistics and lease; its true outcome is kept on the run (late_status {late})."
+            + (f"\nIts error: {result['late_error_message']}" if result.get("late_error_message") else ""))
+    return Notice(event="Success" if late == "Completed" else "Failure", job_id=result["job_id"],
+                  job_name=result["job_name"], run_id=result["id"],
+                  subject=f"Scheduled job '{result['job_name']}': abandoned run {result['id']} really ended {late}",
+                  body=body, priority="Normal",
+                  details={"late_status": late, "late_completed_at": iso(result["late_completed_at"]),
+                           "abandoned_at": iso(result["completed_at"]) if result.get("completed_at") else None},
+                  recipients=job_recipients({"notify_recipients": result.get("notify_recipients")}))
 
 
 def for_skip(job: Row, occurrence: dt.datetime | None, *, event: str, reason: str) -> Notice | None:

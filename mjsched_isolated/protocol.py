@@ -1,7 +1,8 @@
 """Messages between the supervisor and its worker children: one tagged union of msgspec Structs,
 MessagePack-encoded, one message per ``Connection.send_bytes``.
 
-Supervisor -> child: :class:`RunRequest`, :class:`ValidateRequest`, :class:`Stop`.
+Supervisor -> child: :class:`RunRequest`, :class:`ValidateRequest`, :class:`Stop`, and while a run executes
+:class:`DeadlineExtended` (the only message a busy child is sent).
 Child -> supervisor: :class:`Ready`, :class:`RunStarted`, :class:`Heartbeat`, :class:`RunOutput`,
 :class:`RunFinished`, :class:`ValidateReply`.
 New fields must get defaults so old and new peers keep decoding each other.
@@ -137,6 +138,16 @@ class RunFinished(msgspec.Struct, tag=True, frozen=True):
     max_rss_mb: float | None = None
 
 
+class DeadlineExtended(msgspec.Struct, tag=True, frozen=True):
+    """A heartbeat of run ``run_id`` moved its deadline to ``deadline_at`` (epoch seconds, UTC, as in
+    :class:`RunRequest`): what the plugin's ``context.deadline_at`` shows from then on. Sent once per
+    effective extension (at most one per ``heartbeat_interval_s``); a child that gets it after the run
+    ended ignores it."""
+
+    run_id: int
+    deadline_at: float
+
+
 class ValidateRequest(msgspec.Struct, tag=True, frozen=True):
     """Check that ``job_type`` exists and that ``configuration`` (JSON text) is valid for it."""
 
@@ -154,7 +165,7 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
     """Exit cleanly after the current message."""
 
 
-ToChild = RunRequest | ValidateRequest | Stop
+ToChild = RunRequest | ValidateRequest | Stop | DeadlineExtended
 ToSupervisor = Importing | Ready | RunStarted | Heartbeat | RunOutput | RunFinished | ValidateReply
 
 _encoder = msgspec.msgpack.Encoder()

@@ -131,6 +131,7 @@ class FakePool:
         self.killed: list[int | None] = []
         self.terminated: list[int | None] = []  # run ids sent SIGTERM (at their deadline)
         self.kill_batches: list[list[int | None]] = []  # run ids of each kill_all call (kills done together)
+        self.deadlines: dict[int, float] = {}  # run id -> the newest deadline sent to its worker (epoch s)
         self._holding: set[str] | None = set()  # job names held; None: every job
         self._held: dict[int, FakeWorker] = {}  # run id -> its worker
         self._to_run: list[FakeWorker] = []
@@ -182,6 +183,11 @@ class FakePool:
     def terminate(self, workers: list[FakeWorker]) -> None:
         """SIGTERM: a held run keeps running (the test decides whether it ends: ``finish``, ``crash``)."""
         self.terminated.extend(w.run.run_id if w.run is not None else None for w in workers)
+
+    def tell_deadline(self, worker: FakeWorker, run_id: int, deadline_at: float) -> None:
+        """As the real pool: the run's plugin sees the new deadline when it executes (``deadlines``)."""
+        if worker.run is not None and worker.run.run_id == run_id:
+            self.deadlines[run_id] = deadline_at
 
     def wait(self, timeout_s: float, extra: Any = ()) -> tuple[list[ChildEvent], list[Any]]:
         """Execute the runs not held, then return every pending event at once (a worker is idle again
@@ -261,5 +267,6 @@ class FakePool:
         request = worker.run
         assert request is not None
         sender = _Collect()
-        finished = execute_run(self.registry, request, sender)  # type: ignore[arg-type]  # duck-typed sender
+        finished = execute_run(self.registry, request, sender,  # type: ignore[arg-type]  # duck-typed sender
+                               deadline_updates=lambda: self.deadlines.pop(request.run_id, None))
         self._finished.append((worker, [*sender.messages, finished]))

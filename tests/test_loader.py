@@ -18,9 +18,9 @@ from mjsched_isolated.api import BaseScheduledJob
 from mjsched_isolated.protocol import LoadFailure, PluginInfo
 from mjsched_isolated.worker.loader import load_plugins
 
-BEHAVIOUR_TYPES = {"ok", "fail", "forge", "boom", "exit", "segv", "sleep", "beat", "hang", "picky", "pollute",
-                   "report_state", "gil_hog", "big_details", "fancy_notice", "bad_notice", "leak", "awkward",
-                   "leave_behind", "burn", "flaky"}
+BEHAVIOUR_TYPES = {"ok", "fail", "forge", "boom", "exit", "segv", "sleep", "beat", "watch_deadline", "sleep_then_mark",
+                   "hang", "picky", "pollute", "report_state", "gil_hog", "big_details", "fancy_notice", "bad_notice",
+                   "leak", "awkward", "leave_behind", "burn", "flaky"}
 WORKER_FACT_TYPES = {"report_modules", "print_stdout", "async_beat"}
 FIXTURE_TYPES = BEHAVIOUR_TYPES | WORKER_FACT_TYPES
 OVERRIDE_WARNING = "plugin my_shell.py overrides the built-in job type 'shell' (mjsched_isolated.plugins.shell)"

@@ -42,6 +42,7 @@ RETRY_JOB_COLUMNS = {"max_retries", "retry_backoff_s", "retry_backoff_factor", "
 LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes", "nice"}  # 0004
 NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0008
 ACCOUNTING_COLUMNS = {"missed_count"}  # 0010, on jobs and runs
+LATE_RESULT_COLUMNS = {"late_status", "late_completed_at", "late_error_message", "late_details"}  # 0015
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ def without_0002(reflected: dict) -> dict:
 
     out["runs"] = {**out["runs"], "columns": {k: v for k, v in out["runs"]["columns"].items()
                                                if k not in NEW_RUN_COLUMNS | RESOURCE_RUN_COLUMNS | ACCOUNTING_COLUMNS
-                                               | {"attempt"}},
+                                               | LATE_RESULT_COLUMNS | {"attempt"}},
                    "indexes": sorted(before_0012(i) for i in out["runs"]["indexes"] if i[0] != "ix_runs_started_at"),
                    "uniques": sorted(before_0012(u) for u in out["runs"]["uniques"])}
     out["supervisors"] = {**out["supervisors"], "columns": {k: v for k, v in out["supervisors"]["columns"].items()
@@ -572,3 +573,37 @@ def test_0012_keeps_the_values_of_columns_added_by_other_revisions(backend_url):
         assert tuple(row) == (1.5, 64.0, 1)
     finally:
         engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_0015_upgrade_keeps_every_run_and_old_runs_have_no_late_result(backend_url):
+    """0012 -> 0015 with data: every row is kept as it was, no run has a late result; afterwards an
+    abandoned run's late result can be kept (and its typed timestamp reads back exactly)."""
+    engine = make_at(backend_url, "0012")
+    try:
+        fill(engine)
+        with engine.begin() as conn:  # run 12 (Failed) as a sweep leaves an abandoned run
+            conn.execute(sa.text("UPDATE runs SET error_message = 'abandoned: supervisor host:1:abc stopped' "
+                                 "WHERE id = 12"))
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        assert not LATE_RESULT_COLUMNS & set(old_columns["runs"])
+        before = snapshot(engine, old_columns)
+        command_upgrade_to(engine, "0015")
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            late = conn.execute(sa.select(*[runs.c[c] for c in sorted(LATE_RESULT_COLUMNS)])).all()
+        assert late and all(set(r) == {None} for r in late)
+    finally:
+        engine.dispose()
+    store = Store.open(backend_url, auto_upgrade=True)
+    try:
+        assert store.get_run(12)["status"] == "Failed"
+        ended = T0 + dt.timedelta(hours=1)
+        kept = store.keep_late_result(Outcome(12, 1, "0b5f6d0e-1c1f-4a55-9a86-3b0e2f6f1d11", "Completed", True,
+                                              details={"é": 1}, completed_at=ended), "host:1:abc")
+        assert kept is not None
+        run = store.get_run(12)
+        assert (run["late_status"], run["late_completed_at"], run["late_details"]) == ("Completed", ended, {"é": 1})
+    finally:
+        store.close()

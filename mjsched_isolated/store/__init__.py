@@ -9,6 +9,7 @@ from mjsched_isolated.store.records import (
                                             Claim,
                                             InflightRun,
                                             JobRow,
+                                            LateResult,
                                             NextDueJob,
                                             NotificationRow,
                                             OutboxRow,
@@ -21,6 +22,6 @@ from mjsched_isolated.store.records import (
                                             SupervisorStatus,
 )
 
-__all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "NextDueJob", "NotificationRow", "OutboxRow",
+__all__ = ["AbandonedRun", "Claim", "InflightRun", "JobRow", "LateResult", "NextDueJob", "NotificationRow", "OutboxRow",
            "PluginReloadRow", "RecentFailure", "RunOutputRow", "RunRow", "RunView", "Store", "SupervisorRow",
            "SupervisorStatus", "is_permanent_error"]

@@ -41,6 +41,7 @@ from mjsched_isolated.store.records import (
     Claim,
     InflightRun,
     JobRow,
+    LateResult,
     NextDueJob,
     NotificationRow,
     OutboxRow,
@@ -219,6 +220,12 @@ class Store:
     def finish_runs(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """Record several runs' outcomes in one transaction (group commit) (:meth:`Leases.finish_runs`)."""
         return self.leases.finish_runs(outcomes)
+
+    def keep_late_result(self, outcome: Outcome, instance: str,
+                         notices_for: Callable[[LateResult], list[OutboxRow]] | None = None) -> LateResult | None:
+        """Keep an abandoned run's true outcome, reported late by its own supervisor, without un-fencing it
+        (:meth:`Leases.keep_late_result`)."""
+        return self.leases.keep_late_result(outcome, instance, notices_for)
 
     def running_runs(self, instance: str | None = None) -> list[RunRow]:
         """Running runs (of ``instance``) (:meth:`Leases.running_runs`)."""

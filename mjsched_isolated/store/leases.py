@@ -49,6 +49,7 @@ from mjsched_isolated.store.predicates import holder_alive, lease_free
 from mjsched_isolated.store.records import (
     AbandonedRun,
     Claim,
+    LateResult,
     OutboxRow,
     RunRow,
 )
@@ -337,11 +338,15 @@ class Outcome(msgspec.Struct):
     pause_notices: list[OutboxRow] | None = None
     retry_set: bool = False  # set by finish_runs: the retry was written (no other retry was pending)
     paused: bool = False  # set by finish_runs: the job was paused by this outcome
+    fenced: bool = False  # the run was killed because its supervisor lost its lease: not a result to keep late
+
+
+ABANDONED_PREFIX = "abandoned: "  # how an abandoned run's error_message begins (the sweep's verdict)
 
 
 def _abandon_message(run: Mapping[str, Any]) -> str:
     expired = run["holder_expired_at"]
-    return (f"abandoned: supervisor {run['executed_by_instance']} stopped renewing its lease "
+    return (f"{ABANDONED_PREFIX}supervisor {run['executed_by_instance']} stopped renewing its lease "
             f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
             f"the run (started {run['started_at'].isoformat()}) was in flight")
 
@@ -634,6 +639,39 @@ class Leases:
             "p_details": [fit_json(o.details) for o in outcomes], "p_durations": [o.duration_ms for o in outcomes],
             "p_cpus": [o.cpu_s for o in outcomes], "p_rss": [o.max_rss_mb for o in outcomes]}).scalars())
         return [o.run_id in written for o in outcomes]
+
+    def keep_late_result(self, outcome: Outcome, instance: str,
+                         notices_for: Callable[[LateResult], list[OutboxRow]] | None = None) -> LateResult | None:
+        """Keep the true ``outcome`` of a run that another supervisor abandoned while ``instance`` (its own
+        supervisor) was cut off or frozen: its status, end, error and details go to the run's ``late_*``
+        columns, and ``notices_for(result)`` (the caller's outbox rows) in the same transaction. Nothing else
+        changes: the run stays Failed (abandoned), the job's statistics, lease and retry are left as the
+        abandonment set them (the run stays fenced as far as exactly-once goes). Only a run of ``instance``
+        claimed with the outcome's token, recorded abandoned and without a late result yet, is written;
+        returns what was kept, None otherwise (the row is gone, was not abandoned, or already has one)."""
+        cond = (runs.c.id == outcome.run_id, runs.c.executed_by_instance == instance, _token_is(outcome.token),
+                runs.c.status == RunStatus.FAILED, runs.c.error_message.startswith(ABANDONED_PREFIX, autoescape=True),
+                runs.c.late_status.is_(None))
+        with self.engine.begin() as conn:
+            written = conn.execute(runs.update().where(*cond).values(
+                late_status=outcome.status, late_error_message=fit_text(outcome.error_message),
+                late_details=fit_json(outcome.details),
+                late_completed_at=sa.func.coalesce(sa.bindparam("p_completed_at", outcome.completed_at,
+                                                                type_=schema.UTCDateTime),
+                                                   schema.db_now(self.dialect)))).rowcount
+            if written != 1:
+                return None
+            row = conn.execute(
+                sa.select(runs.c.id, runs.c.job_id, runs.c.executed_by_instance, runs.c.started_at,
+                          runs.c.completed_at, runs.c.error_message, runs.c.late_status, runs.c.late_completed_at,
+                          runs.c.late_error_message, jobs.c.name.label("job_name"), jobs.c.notify_on_failure,
+                          jobs.c.notify_recipients)
+                .join(jobs, jobs.c.id == runs.c.job_id).where(runs.c.id == outcome.run_id)).mappings().one()
+            result = cast(LateResult, dict(row))
+            rows = notices_for(result) if notices_for is not None else []
+            if rows:
+                insert_notices(conn, self.dialect, rows)
+        return result
 
     def running_runs(self, instance: str | None = None) -> list[RunRow]:
         """Running runs (of supervisor ``instance``, if given)."""

@@ -112,12 +112,16 @@ class _RunColumns(TypedDict):
     cpu_s: float | None
     max_rss_mb: float | None
     attempt: int
+    late_status: str | None
+    late_completed_at: dt.datetime | None
+    late_error_message: str | None
 
 
 class RunRow(_RunColumns):
-    """A ``runs`` row as stored: ``details`` is JSON text."""
+    """A ``runs`` row as stored: ``details`` and ``late_details`` are JSON text."""
 
     details: str | None
+    late_details: str | None
 
 
 class RunView(_RunColumns):
@@ -126,6 +130,7 @@ class RunView(_RunColumns):
 
     job_name: str
     details: Any
+    late_details: Any
 
 
 class AbandonedRun(RunRow):
@@ -137,6 +142,27 @@ class AbandonedRun(RunRow):
     holder_expired_at: dt.datetime | None
     db_now: dt.datetime
     job_name: str
+    notify_on_failure: bool
+    notify_recipients: str | None
+
+
+class LateResult(TypedDict):
+    """An abandoned run's true outcome, kept by :meth:`Store.keep_late_result`: the run's ``id``,
+    ``job_id``, ``job_name``, ``executed_by_instance``, ``started_at``, the abandonment (``completed_at``
+    and ``error_message`` as the sweep recorded them), the late outcome (``late_status``,
+    ``late_completed_at``, ``late_error_message``) and the job's ``notify_on_failure`` and
+    ``notify_recipients`` (who got the abandonment's failure notice)."""
+
+    id: int
+    job_id: int
+    job_name: str
+    executed_by_instance: str | None
+    started_at: dt.datetime
+    completed_at: dt.datetime | None
+    error_message: str | None
+    late_status: str
+    late_completed_at: dt.datetime
+    late_error_message: str | None
     notify_on_failure: bool
     notify_recipients: str | None
 

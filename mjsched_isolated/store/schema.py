@@ -243,6 +243,12 @@ runs = sa.Table(
     sa.Column("cpu_s", sa.Float),
     sa.Column("max_rss_mb", sa.Float),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),  # 1 the first run, 2 its first retry
+    # an abandoned run's true outcome, reported later by its own supervisor (revision 0015): kept, never
+    # counted; the run stays Failed (abandoned) as far as its job's lease and statistics go
+    sa.Column("late_status", sa.String(20)),
+    sa.Column("late_completed_at", UTCDateTime),
+    sa.Column("late_error_message", sa.Text),
+    sa.Column("late_details", sa.Text),
     _check("status", RUN_STATUSES),
     sa.Index("ix_runs_job_id_started_at", "job_id", "started_at"),
     sa.Index("ix_runs_status", "status"),

@@ -23,13 +23,14 @@ from mjsched_isolated.store.schema import jobs, runs, supervisors
 
 
 def _run_view(row: sa.RowMapping) -> RunView:
-    """``row`` with ``details`` decoded from JSON (left as text if it is not JSON)."""
+    """``row`` with ``details`` and ``late_details`` decoded from JSON (left as text if not JSON)."""
     view: dict[str, Any] = dict(row)
-    if view.get("details"):
-        try:
-            view["details"] = json.loads(view["details"])
-        except ValueError:
-            pass
+    for key in ("details", "late_details"):
+        if view.get(key):
+            try:
+                view[key] = json.loads(view[key])
+            except ValueError:
+                pass
     return cast(RunView, view)
 
 

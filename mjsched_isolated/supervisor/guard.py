@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from mjsched_isolated.config import Settings
@@ -28,7 +29,9 @@ class RunGuard:
     before recording its end, so a run is recorded at most once by this supervisor."""
 
     def __init__(self, settings: Settings, store: Store, pool: Any, metrics: Metrics, recorder: Recorder,
-                 inflight: dict[int, InFlight]) -> None:
+                 inflight: dict[int, InFlight], lease_lapsed: Callable[[InFlight], bool] = lambda _flight: False,
+                 ) -> None:
+        self.lease_lapsed = lease_lapsed  # did the liveness lease lapse while this run was in flight?
         self.settings = settings
         self.store = store
         self.pool = pool
@@ -90,7 +93,8 @@ class RunGuard:
         """A plugin heartbeat: at most one effective extension per ``heartbeat_interval_s`` (the first one
         at once, unlike the reference, whose first beat can only count after 5 min), to
         ``max(deadline, now + heartbeat_lease_s)``, token-checked (reference §2.3 / §7.1), never past the
-        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``)."""
+        job's ``max_total_runtime_s`` cap (``flight.hard_deadline``). The new deadline is sent back to the
+        worker, so the plugin's ``context.deadline_at`` shows it."""
         if flight.kill_at is not None:  # past its deadline, being terminated: too late to extend
             return
         if flight.last_extended and (now - flight.last_extended).total_seconds() < self.settings.heartbeat_interval_s:
@@ -109,6 +113,7 @@ class RunGuard:
         if extended:
             flight.deadline = deadline
             flight.last_extended = now
+            self.pool.tell_deadline(flight.worker, flight.run_id, deadline.timestamp())  # context.deadline_at
             log.debug("run %d: deadline extended to %s by heartbeat", flight.run_id, iso(deadline),
                       extra=log_ctx(flight))
         else:
@@ -179,6 +184,15 @@ class RunGuard:
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
             return
+        if event.exitcode == -signal.SIGKILL and self.lease_lapsed(flight):
+            self.metrics.run_killed("fence")
+            why = (f"its worker's watchdog killed it: this supervisor's liveness lease was not renewed for "
+                   f"{self.settings.lease_ttl_s * 0.8:g} s (0.8 x lease_ttl_s; the supervisor was frozen or cut "
+                   "off), so another supervisor might take the job over")
+            log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
+            self.recorder.record(flight, now, status="Failed", success=False, error_message=f"fenced: {why}",
+                                 fenced=True)
+            return
         self.recorder.record(flight, now, status="Failed", success=False,
                              error_message=f"worker process {event.worker.pid} died during the run ({how})"
                                            f"{death_hint(event.exitcode, flight.job.get('max_memory_mb'))}")
@@ -189,6 +203,7 @@ class RunGuard:
         one never stretches a deadline."""
         for flight in self.inflight.values():
             flight.shift(by)
+            self.pool.tell_deadline(flight.worker, flight.run_id, flight.deadline.timestamp())
             lease_s = max(0.0, (flight.deadline - now).total_seconds()) + self.settings.lease_ttl_s
             try:
                 self.store.extend(flight.job_id, flight.token, lease_s, flight.run_id, flight.deadline)

@@ -57,6 +57,9 @@ class Liveness:
         self.db_offset = dt.timedelta(0)  # database time minus local time, measured at each renewal
         self._last_renewed: float | None = None  # monotonic start of the last successful renewal
         self.failing_since: float | None = None
+        # database time of the renewal that ended the latest lapse (the lease had passed its local validity:
+        # busy workers' watchdogs killed their runs meanwhile); None: never lapsed
+        self.last_lapse_end: dt.datetime | None = None
         self.trouble = Trouble(log, f"supervisor {instance}: lease renewal")  # logged once, then counted
         # called after each renewal attempt with None (success) or a one-line error (metrics, /healthz)
         self.on_renewal: Callable[[str | None], None] | None = None
@@ -64,6 +67,12 @@ class Liveness:
     def valid(self, mono: float) -> bool:
         """May this supervisor still act on its leases (claim, run, record)?"""
         return mono < self.valid_until
+
+    def lapsed_during(self, started_at: dt.datetime, mono: float) -> bool:
+        """Did the lease pass its local validity (a freeze, a long cut-off) while a run that started at
+        ``started_at`` (database time) was in flight, or has it now (``mono``)? Then a busy worker's
+        watchdog has killed that run's tree (see :mod:`mjsched_isolated.worker.watchdog`)."""
+        return not self.valid(mono) or (self.last_lapse_end is not None and started_at < self.last_lapse_end)
 
     def due(self, mono: float) -> bool:
         return mono >= self.next_renew
@@ -107,6 +116,8 @@ class Liveness:
                         "%g s TTL (was it frozen or cut off?): other supervisors may have abandoned its runs "
                         "meanwhile", self.instance, started - self._last_renewed, self.ttl_s)
         self._last_renewed = started
+        if started >= self.valid_until > float("-inf"):  # set before valid_until: the loop reads both
+            self.last_lapse_end = db_now
         self.valid_until = started + self.ttl_s * FENCE_FRACTION
         self.next_renew = started + self.renew_interval_s
         if self.failing_since is not None:

@@ -64,7 +64,9 @@ class Supervisor:
         self.renewer: Renewer | None = None  # serve's renewal thread; None: renewed inline by keep_lease
         self._renewals_seen = 0
         self.recorder = Recorder(settings, store, self.metrics, self._wake_sender)
-        self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight)
+        self.guard = RunGuard(settings, store, pool, self.metrics, self.recorder, self.inflight,
+                              lease_lapsed=lambda flight: self.liveness.lapsed_during(flight.recorded_start,
+                                                                                      self.clock.monotonic()))
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)

@@ -220,6 +220,17 @@ class Pool:
         worker.run = request
         protocol.send(worker.conn, request)
 
+    def tell_deadline(self, worker: Worker, run_id: int, deadline_at: float) -> None:
+        """Tell busy ``worker`` that run ``run_id``'s deadline moved to ``deadline_at`` (epoch seconds): its
+        plugin's ``context.deadline_at`` follows. Nothing if the worker no longer runs it; a broken pipe is
+        ignored (the child's death is reported by :meth:`wait`)."""
+        if worker.run is None or worker.run.run_id != run_id:
+            return
+        try:
+            protocol.send(worker.conn, protocol.DeadlineExtended(run_id=run_id, deadline_at=deadline_at))
+        except OSError:
+            pass
+
     # -- events ----------------------------------------------------------------------------------
     def wait(self, timeout_s: float, extra: Sequence[Any] = ()) -> tuple[list[ChildEvent], list[Any]]:
         """Block up to ``timeout_s`` for child messages, child deaths or a ready ``extra`` handle.

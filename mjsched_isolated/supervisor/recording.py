@@ -74,7 +74,7 @@ class Recorder:
         outcome = Outcome(flight.run_id, flight.job_id, flight.token, status, success, error_message, details,
                           (completed_at - flight.recorded_start).total_seconds() * 1000, count, rows, completed_at,
                           cpu_s, max_rss_mb, scheduled_at=flight.scheduled_at, attempt=flight.attempt,
-                          retry_at=retry_at)
+                          retry_at=retry_at, fenced=fenced)
         limit = job.get("pause_after_failures")
         if limit and not success and count and retry_at is None:
             outcome.pause_reason = (f"{limit} consecutive failed runs (pause_after_failures {limit}); the last, "
@@ -151,10 +151,33 @@ class Recorder:
             error = None
         return False
 
+    def _keep_late(self, flight: InFlight, outcome: Outcome) -> bool:
+        """The run's row is no longer Running: if another supervisor recorded it abandoned, keep this true
+        outcome beside that verdict (``late_*`` columns; nothing un-fenced), with a notice to whoever got
+        the failure notice. False if it was not abandoned (its job was removed, ...) or cannot be written."""
+        channels = self.settings.notifications.channels()
+        try:
+            kept = self.store.keep_late_result(outcome, self.settings.instance, notices_for=lambda result: (
+                notices.outbox_rows(notices.for_late_result(result), channels) if channels else []))
+        except Exception as exc:  # noqa: BLE001 - the abandonment stands; the truth is at least in this log
+            log.warning("run %d of job %s: its late result %s could not be kept (%s)", flight.run_id,
+                        flight.job_name, outcome.status, _short(exc), extra=log_ctx(flight))
+            return False
+        if kept is None:
+            return False
+        if channels and kept["notify_on_failure"]:
+            self.wake_sender()
+        log.warning("job %s: %s; kept on the run as its late result (it stays Failed: abandoned)%s",
+                    flight.job_name, notices.late_result_text(kept),
+                    f": {one_line(outcome.error_message)}" if outcome.error_message else "", extra=log_ctx(flight))
+        return True
+
     def _after(self, flight: InFlight, outcome: Outcome, recorded: bool) -> None:
         """Metrics, the sender's wake-up and the log line of one outcome once its transaction committed."""
         status = outcome.status
         if not recorded:
+            if not outcome.fenced and self._keep_late(flight, outcome):
+                return
             log.warning("run %d of job %s: result %s not recorded: its run row is no longer Running (abandoned by "
                         "another supervisor, or its job was removed)",
                         flight.run_id, flight.job_name, status, extra=log_ctx(flight))

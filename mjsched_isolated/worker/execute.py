@@ -80,7 +80,8 @@ def validate(registry: Registry, job_type: str, configuration: str | None) -> st
 
 
 def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
-        describe_error: Callable[[BaseException], str | None] | None = None) -> protocol.RunFinished:
+        describe_error: Callable[[BaseException], str | None] | None = None,
+        deadline_updates: Callable[[], float | None] | None = None) -> protocol.RunFinished:
     """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
 
     Sends ``RunStarted`` before the plugin's ``execute`` (when logging at DEBUG: issue 11) and (throttled to one per
@@ -89,6 +90,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
     longer valid gives a failure ``not started: ...``; a plugin exception (``SystemExit`` and
     ``KeyboardInterrupt`` included) a failure with the traceback's tail in ``details["traceback"]``;
     ``describe_error`` may name what an exception means (a resource limit hit) for the error message.
+    ``deadline_updates()``: the newest deadline (epoch seconds) the supervisor sent since the last call, or
+    None (:meth:`~mjsched_isolated.worker.inbox.Inbox.deadline_for`); ``context.deadline_at`` follows it.
     """
     error = validate(registry, req.job_type, req.configuration)
     if error is not None:
@@ -109,6 +112,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         run_id=req.run_id, job_id=req.job_id, job_name=req.job_name, job_type=req.job_type,
         configuration=cls.parse_configuration(req.configuration),
         scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
+        deadline_updates=None if deadline_updates is None else lambda: _from_epoch(deadline_updates()),
     )
     if logging.getLogger().isEnabledFor(logging.DEBUG):  # its only reader is the supervisor's debug line
         sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))

@@ -29,6 +29,7 @@ import msgspec
 from mjsched_isolated import logs, proctree, protocol
 from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
+from mjsched_isolated.worker.inbox import Inbox
 from mjsched_isolated.worker.output import OutputCapture
 
 __all__ = ["PipeSender", "main"]
@@ -69,9 +70,10 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     baseline = hygiene.ProcessState.capture()
     sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures,
                                warnings=registry.warnings))
+    inbox = Inbox(conn)  # a run's deadline extensions are read by its plugin's thread (context.deadline_at)
     while True:
         try:
-            message = protocol.decode_to_child(conn.recv_bytes())
+            message = inbox.next()
         except (EOFError, OSError):
             return
         if isinstance(message, protocol.Stop):
@@ -87,7 +89,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
             meter = accounting.Meter()
-            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied),
+                         deadline_updates=functools.partial(inbox.deadline_for, message.run_id))
             cpu_s, max_rss_mb = meter.stop()
             retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result

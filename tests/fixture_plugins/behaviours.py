@@ -116,6 +116,38 @@ class Beat(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class SleepThenMark(BaseScheduledJob):
+    """Sleeps ``seconds``, then writes <marker_dir>/<job>.<run>.finished just before it returns."""
+
+    job_type = "sleep_then_mark"
+    configuration_type = Config
+
+    def execute(self, context):
+        _mark(context)
+        time.sleep(context.configuration.seconds)
+        cfg = context.configuration
+        if cfg.marker_dir:
+            _write_atomically(Path(cfg.marker_dir, f"{context.job_name}.{context.run_id}.finished"), "done")
+        return ScheduledJobResult(success=True, details={"slept_s": cfg.seconds})
+
+
+class WatchDeadline(BaseScheduledJob):
+    """Heartbeats once, then watches ``context.deadline_at`` for at most ``seconds`` until it moves; reports
+    the deadline it started with and the last one it saw (epoch seconds)."""
+
+    job_type = "watch_deadline"
+    configuration_type = Config
+
+    def execute(self, context):
+        first = context.deadline_at
+        context.heartbeat()
+        end = time.monotonic() + context.configuration.seconds
+        while context.deadline_at == first and time.monotonic() < end:
+            time.sleep(0.005)  # the plugin's own polling, bounded by ``seconds``
+        return ScheduledJobResult(success=True, details={"first": first.timestamp(),
+                                                         "last": context.deadline_at.timestamp()})
+
+
 class Hang(BaseScheduledJob):
     """Starts a grandchild that sleeps forever (its pid in <marker_dir>/<job>.<run>.grandchild), then hangs."""
 
