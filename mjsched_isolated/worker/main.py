@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated import logs, proctree, protocol
+from mjsched_isolated import cgroups, logs, proctree, protocol
 from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
 from mjsched_isolated.worker.output import OutputCapture
@@ -38,14 +38,23 @@ log = logging.getLogger("mjsched.child")
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
-         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024) -> None:
+         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024,
+         cgroup: cgroups.WorkerCgroup | None = None) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
     monotonic time after which the supervisor's lease can no longer be trusted (see
     :mod:`~mjsched_isolated.supervisor.liveness`). ``skip_modules``: plugin modules not to import (an
     earlier child died importing them) -> why. ``max_run_output_bytes``: what a run's output keeps (first
-    and last halves; see :mod:`~mjsched_isolated.worker.output`)."""
+    and last halves; see :mod:`~mjsched_isolated.worker.output`). ``cgroup``: this worker's own cgroup
+    (:mod:`~mjsched_isolated.cgroups`; the supervisor has moved it there already, joining again is a
+    no-op), or None: cgroups are not used."""
+    cgroup_error = None
+    if cgroup is not None:
+        try:
+            cgroup.join()  # before the watchdog or anything else is forked: the whole tree is in it
+        except OSError as exc:
+            cgroup, cgroup_error = None, exc
     os.dup2(2, 1)  # stdout is the supervisor's (or the CLI's JSON output): plugin output goes to stderr
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     # Shutdown is the supervisor's decision: a Ctrl-C or a SIGTERM sent to the whole process tree (systemd's
@@ -55,13 +64,16 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     signal.signal(signal.SIGTERM, _ignore_signal)
     subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
-    watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
+    watchdog_pid = watchdog.start(parent_pid, busy, fence_at, cgroup)  # before any thread or plugin exists
     sender = PipeSender(conn)
     global _capture
     capture = _capture = OutputCapture(sender.send, max_run_output_bytes)
     capture.install()  # after the watchdog's fork: it keeps the real stderr
     logs.configure(log_level, log_format, worker_pid=os.getpid())
     capture.route_logging()
+    if cgroup_error is not None:
+        log.warning("worker %d could not join its cgroup (%s); its runs' leftovers are found without it",
+                    os.getpid(), cgroup_error)
     from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
@@ -102,7 +114,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                     details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
                     retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb))
             # after the result (its recording overlaps), before the next run
-            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
+            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper,
+                                   cgroup=cgroup)
             logs.current_run = None
             if retiring is not None:  # the pool gives this child no other run; left threads must not hold it
                 logging.shutdown()

@@ -20,15 +20,16 @@ from typing import Any
 
 import psutil
 
-from mjsched_isolated import proctree
+from mjsched_isolated import cgroups, proctree
 
 PARENT_CHECK_INTERVAL_S = 0.1
 
 
-def start(supervisor_pid: int, busy: Any, fence_at: Any) -> int:
+def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerCgroup | None = None) -> int:
     """Fork the watchdog of this (worker) process and return its pid. ``busy``: a shared byte, 1 while a
     run executes; ``fence_at``: a shared double, the monotonic time after which busy runs are killed (None:
-    no fence)."""
+    no fence); ``cgroup``: the worker's cgroup, killed whole (every process in it, whatever its session)
+    before the tree is."""
     worker_pid = os.getpid()
     pid = os.fork()
     if pid != 0:
@@ -44,5 +45,7 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any) -> int:
                 break
             if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
                 break
+        if cgroup is not None:
+            cgroup.kill(exclude={os.getpid()})
         proctree.kill_tree(worker_pid)
     os._exit(0)

@@ -1,0 +1,221 @@
+"""Per-worker cgroups (mjsched_isolated/cgroups.py): every process a run starts, whatever its session, is
+killed with the run or with its worker, also when the worker was killed from outside; the cgroups are
+removed when workers are replaced, at shutdown and (stale ones) at the next start; where cgroups are off
+or cannot be used, the fallback is said. Real worker children, real cgroups (skipped, saying why, where
+this machine has none usable); each test's id names the mechanism it used."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from waiting import wait_until
+from worker_helpers import OneWorker
+
+from mjsched_isolated import cgroups, protocol
+from mjsched_isolated.config import load_settings
+from mjsched_isolated.ops import check
+
+PLUGINS = '''
+import os, pathlib, subprocess, time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+def _escape():
+    """`setsid sleep 1000 &`: a process in a session of its own whose parent exits at once."""
+    out = subprocess.run(["setsid", "sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True, timeout=10)
+    pid = int(out.stdout)
+    with open(f"/proc/{pid}/cgroup") as f:
+        return pid, f.read()
+
+
+class Escape(BaseScheduledJob):
+    job_type = "escape"
+
+    def execute(self, context):
+        pid, cgroup = _escape()
+        return ScheduledJobResult(success=True, details={"pid": pid, "cgroup": cgroup})
+
+
+class EscapeAndWait(BaseScheduledJob):
+    """Leaves `setsid sleep 1000` and then blocks, having written the pid to the file it was given."""
+    job_type = "escape_and_wait"
+
+    def execute(self, context):
+        pid, _ = _escape()
+        target = pathlib.Path(context.configuration)
+        target.with_suffix(".tmp").write_text(str(pid))
+        target.with_suffix(".tmp").rename(target)
+        time.sleep(1000)
+        return ScheduledJobResult(success=True)
+
+
+class Ok(BaseScheduledJob):
+    job_type = "ok"
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
+'''
+
+MECHANISMS = [pytest.param("v2", id="cgroup-v2"), pytest.param("v1", id="cgroup-v1-freezer")]
+
+
+@pytest.fixture
+def plugins(tmp_path: Path) -> Path:
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "escape.py").write_text(PLUGINS)
+    return folder
+
+
+def _usable(mode: str) -> str:
+    """What the pool will use for ``mode``; skips the test (saying why) where this machine cannot."""
+    described = cgroups.probe(mode)
+    if described.startswith("cgroups are not used"):
+        pytest.skip(f"cgroup {mode} not usable here: {described}")
+    return described
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill(pid: int) -> None:
+    if not _gone(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_a_setsid_process_a_run_left_is_killed_through_the_workers_cgroup(plugins, mode):
+    _usable(mode)
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        group = one.worker.cgroup
+        assert group is not None and group.version == int(mode[1])
+        assert f"; cgroup {mode} per worker under " in one.pool.containment()
+        finished = one.run("escape")[-1]
+        escaped = finished.details["pid"]
+        try:
+            # the escaped process was in the worker's cgroup although it left the worker's session
+            assert os.path.basename(group.kill_dir) in finished.details["cgroup"]
+            assert one.run("ok")[-1].success  # the first run's cleanup is done before the next run
+            assert _gone(escaped)
+            assert group.pids() == {one.worker.pid, *(p.pid for p in psutil.Process(one.worker.pid).children())}
+        finally:
+            _kill(escaped)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_a_worker_killed_from_outside_leaves_nothing_of_its_run(plugins, tmp_path, mode):
+    """Issue 14: a worker SIGKILLed by someone else left its run's `setsid` commands running (its child
+    subreaper was gone with it); the supervisor kills the dead worker's cgroup and removes it."""
+    _usable(mode)
+    pid_file = tmp_path / "escaped.pid"
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        worker = one.worker
+        group = worker.cgroup
+        assert group is not None
+        one.pool.submit(worker, protocol.RunRequest(run_id=1, job_id=1, job_name="j", job_type="escape_and_wait",
+                                                    configuration=json.dumps(str(pid_file))))
+        escaped = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 20, "the plugin's pid file"))
+        try:
+            os.kill(worker.pid, signal.SIGKILL)  # from outside: not through the pool
+            died = []
+            wait_until(lambda: died.extend(e for e in one.pool.wait(0.5)[0] if e.died) or died, 10,
+                       "the pool seeing its worker die")
+            assert died[0].exitcode == -signal.SIGKILL and died[0].run is not None
+            wait_until(lambda: _gone(escaped), 5, "the escaped process killed")
+            wait_until(lambda: (one.pool.wait(0.05), not os.path.exists(group.kill_dir))[1], 5,
+                       "the dead worker's cgroup removed")
+        finally:
+            _kill(escaped)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_worker_cgroups_are_removed_when_workers_are_replaced_and_at_shutdown(plugins, mode):
+    _usable(mode)
+    with OneWorker(str(plugins), cgroups_mode=mode, max_tasks_per_child=1) as one:
+        first = one.worker.cgroup
+        assert first is not None
+        assert one.run("ok")[-1].success  # the worker is recycled after this run
+        wait_until(lambda: (one.pool.wait(0.05), not os.path.exists(first.kill_dir))[1], 15,
+                   "the replaced worker's cgroup removed")
+        one.ready = one._until(lambda m: isinstance(m, protocol.Ready))[-1]
+        second = one.worker.cgroup
+        assert second is not None and second.kill_dir != first.kill_dir and os.path.isdir(second.kill_dir)
+        parent = os.path.dirname(second.kill_dir)
+    assert not os.path.exists(parent)  # close(): every worker cgroup and the pool's own removed
+    if second.memory_dir is not None:
+        assert not os.path.exists(os.path.dirname(second.memory_dir))
+
+
+STALE = """
+import subprocess, sys
+from mjsched_isolated import cgroups
+parent = cgroups.Parent.open(sys.argv[1])
+group = parent.create(0)
+sleeper = subprocess.Popen(["setsid", "sleep", "1000"])
+group.join(sleeper.pid)
+print(group.kill_dir, sleeper.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_the_cgroups_of_a_sigkilled_supervisor_are_cleaned_at_the_next_start(mode):
+    _usable(mode)
+    proc = subprocess.Popen([sys.executable, "-c", STALE, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    path, pid = proc.stdout.readline().split()
+    sleeper = int(pid)
+    try:
+        proc.kill()
+        proc.wait(10)
+        assert os.path.isdir(path) and not _gone(sleeper)  # what a SIGKILLed supervisor leaves
+        parent = cgroups.Parent.open(mode)  # the next start
+        try:
+            assert not os.path.exists(os.path.dirname(path))
+            wait_until(lambda: _gone(sleeper), 5, "the stale cgroup's process killed")
+        finally:
+            parent.close()
+    finally:
+        _kill(sleeper)
+
+
+@pytest.mark.timeout(30)
+def test_with_cgroups_off_the_fallback_is_said_at_start_and_in_check(plugins, monkeypatch, tmp_path):
+    monkeypatch.setenv("MJSCHED_ISOLATION_CGROUPS", "off")
+    settings = load_settings(flags={"database_url": f"sqlite:///{tmp_path / 'none.db'}", "plugins_dir": str(plugins)})
+    notes = [n for n in check(settings).notes if n.startswith("isolation:")]
+    assert len(notes) == 1 and 'cgroups are not used (turned off in the settings ([isolation] cgroups = "off"))' \
+        in notes[0] and "child subreapers" in notes[0], notes
+    with OneWorker(str(plugins), cgroups_mode="off") as one:
+        assert one.worker.cgroup is None
+        assert "cgroups are not used (turned off" in one.pool.containment()
+        assert one.run("ok")[-1].success
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv(1) to try as an unprivileged user")
+def test_an_unprivileged_supervisor_says_why_cgroups_are_not_used():
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                          "from mjsched_isolated import cgroups; print(cgroups.probe('auto'))"],
+                         capture_output=True, text=True, timeout=20, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.returncode == 0, out.stderr
+    said = out.stdout.strip()
+    assert said.startswith("cgroups are not used (") and "not root?" in said, said
