@@ -155,13 +155,12 @@ class WorkerCgroup:
         return self._read_int("memory.current" if self.memory_version == 2 else "memory.usage_in_bytes")
 
     def reset_memory_peak(self) -> bool:
-        """Reset the peak to the current usage (v2 ``memory.peak`` is writable from Linux 6.12; v1
-        ``memory.max_usage_in_bytes``). False where it cannot be reset."""
-        if self.memory_dir is None:
+        """Reset the peak to the current usage (v1 ``memory.max_usage_in_bytes``). False where it cannot be:
+        v2's ``memory.peak`` resets only for reads through the same open file (Linux >= 6.12), not used."""
+        if self.memory_dir is None or self.memory_version != 1:
             return False
         try:
-            _write(self.memory_dir, "memory.peak" if self.memory_version == 2 else "memory.max_usage_in_bytes",
-                   "0" if self.memory_version == 1 else "reset")
+            _write(self.memory_dir, "memory.max_usage_in_bytes", "0")
         except OSError:
             return False
         return True

@@ -58,6 +58,29 @@ class EscapeAndWait(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class Reserve(BaseScheduledJob):
+    """Ages the worker: 1 GiB of address space reserved and kept (VmData grows, RSS does not)."""
+    job_type = "reserve"
+    kept = []
+
+    def execute(self, context):
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        Reserve.kept.append(libc.malloc(1 << 30))
+        return ScheduledJobResult(success=Reserve.kept[-1] is not None)
+
+
+class Command(BaseScheduledJob):
+    """Runs the command in its configuration and waits for it."""
+    job_type = "command"
+
+    def execute(self, context):
+        done = subprocess.run(context.configuration, capture_output=True, text=True, timeout=30)
+        return ScheduledJobResult(success=done.returncode == 0, details={"returncode": done.returncode},
+                                  error_message=f"command exited {done.returncode}: {done.stderr[-300:]}")
+
+
 class Ok(BaseScheduledJob):
     job_type = "ok"
 
@@ -219,3 +242,49 @@ def test_an_unprivileged_supervisor_says_why_cgroups_are_not_used():
     assert out.returncode == 0, out.stderr
     said = out.stdout.strip()
     assert said.startswith("cgroups are not used (") and "not root?" in said, said
+
+
+def _run(one: OneWorker, job_type: str, configuration: object = None, **limits: int) -> protocol.RunFinished:
+    one._next_run_id += 1
+    request = protocol.RunRequest(run_id=one._next_run_id, job_id=1, job_name="j", job_type=job_type,
+                                  configuration=json.dumps(configuration), limits=protocol.RunLimits(**limits))
+    one.pool.submit(one.worker, request)
+    return one._until(lambda m: isinstance(m, protocol.RunFinished) and m.run_id == request.run_id)[-1]
+
+
+ALLOCATE_250_MB = [sys.executable, "-c", "b = bytearray(250 << 20); print(len(b))"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [pytest.param("auto", id="cgroup-memory")])
+def test_a_memory_limit_means_the_same_for_a_command_of_an_old_worker(plugins, mode):
+    """Issue 14: a command inherits the worker's RLIMIT_DATA, set to what the worker had plus the limit, so
+    on a worker holding 1 GiB a command could allocate 1 GiB more than the job's limit. The cgroup's limit
+    holds for the whole tree from what it holds when the run starts: the command is killed at it."""
+    _usable(mode)
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        group = one.worker.cgroup
+        if group is None or group.memory_dir is None:
+            pytest.skip(f"no memory cgroup here: {one.pool.containment()}")
+        assert _run(one, "reserve").success  # the worker is now "old": 1 GiB more VmData
+        finished = _run(one, "command", ALLOCATE_250_MB, max_memory_mb=100)
+        assert not finished.success and finished.details["returncode"] == -signal.SIGKILL, finished
+        assert finished.error_message.startswith("memory limit 100 MB exceeded: the kernel killed 1 process(es) of "
+                                                 "the run at its cgroup's memory limit; command exited -9")
+        assert _run(one, "command", ALLOCATE_250_MB).success  # the limit was lifted after the run
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [pytest.param("v2", id="cgroup-v2-cpu")])
+def test_a_cpu_limit_holds_for_the_runs_processes_together(plugins, mode):
+    """A command inherits the worker's RLIMIT_CPU, set at the worker's CPU time so far plus the limit, so
+    the older the worker the more CPU its commands got; the watchdog counts the whole tree from the
+    cgroup's CPU time and ends the run's processes at max_cpu_s."""
+    _usable(mode)
+    spin = [sys.executable, "-c", "while True: pass"]
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        finished = _run(one, "command", spin, max_cpu_s=1)
+        assert not finished.success and finished.details["returncode"] == -signal.SIGXCPU, finished
+        assert finished.error_message.startswith("CPU time limit 1 s exceeded by the run's processes together")
+        assert 0.9 < finished.cpu_s < 1.6, finished.cpu_s  # the command's CPU, counted through the cgroup
+        assert _run(one, "ok").success

@@ -59,6 +59,7 @@ class Worker:
         self.retiring: str | None = None  # the child said it exits after its last run, and why
         self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
         self.cgroup: cgroups.WorkerCgroup | None = None  # its own cgroup, if cgroups are used
+        self.oom_kills: int | None = None  # its cgroup's out-of-memory kills when its run (with a memory limit) began
 
     @property
     def pid(self) -> int:
@@ -71,7 +72,8 @@ class Worker:
 
 class ChildEvent(msgspec.Struct):
     """Something a child did: sent ``message``, or died (``exitcode`` set; ``run`` was in flight;
-    ``culprit``: the plugin module whose import it died in, now left out of later children)."""
+    ``culprit``: the plugin module whose import it died in, now left out of later children; ``oom_killed``:
+    the kernel killed a process in its cgroup at the run's memory limit during the run)."""
 
     worker: Any
     message: Any = None
@@ -79,6 +81,7 @@ class ChildEvent(msgspec.Struct):
     exitcode: int | None = None
     run: protocol.RunRequest | None = None
     culprit: str | None = None
+    oom_killed: bool = False
 
 
 class Pool:
@@ -227,6 +230,9 @@ class Pool:
     def submit(self, worker: Worker, request: protocol.RunRequest) -> None:
         """Hand ``request`` to an idle ``worker``. Raises ``OSError`` if its pipe is broken."""
         worker.run = request
+        worker.oom_kills = None
+        if worker.cgroup is not None and request.limits is not None and request.limits.max_memory_mb is not None:
+            worker.oom_kills = worker.cgroup.oom_kills()  # one small read, only for runs with a memory limit
         protocol.send(worker.conn, request)
 
     # -- events ----------------------------------------------------------------------------------
@@ -299,11 +305,14 @@ class Pool:
             self._kill_tree(worker)
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
+        oom_killed = (worker.run is not None and worker.cgroup is not None and worker.oom_kills is not None
+                      and (worker.cgroup.oom_kills() or 0) > worker.oom_kills)
         self._release_cgroup(worker)  # and in its cgroup, whatever their session (a worker killed from outside)
         worker.conn.close()
         code = worker.process.exitcode
         culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})")
-        event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit)
+        event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
+                           oom_killed=oom_killed)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
 

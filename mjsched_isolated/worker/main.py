@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -64,7 +65,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     signal.signal(signal.SIGTERM, _ignore_signal)
     subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
-    watchdog_pid = watchdog.start(parent_pid, busy, fence_at, cgroup)  # before any thread or plugin exists
+    cpu_budget = multiprocessing.RawArray("d", [0.0, math.inf])  # the run's cgroup CPU start and limit, s
+    watchdog_pid = watchdog.start(parent_pid, busy, fence_at, cgroup, cpu_budget)  # before any thread or plugin
     sender = PipeSender(conn)
     global _capture
     capture = _capture = OutputCapture(sender.send, max_run_output_bytes)
@@ -94,13 +96,16 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             capture.begin(message.run_id)
-            applied = limits.apply(message.limits)
+            applied = limits.apply(message.limits, cgroup, cpu_budget)
             if applied is not None and applied.errors:
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
-            meter = accounting.Meter()
+            meter = accounting.Meter(cgroup)
             result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
             cpu_s, max_rss_mb = meter.stop()
+            verdict = limits.memory_verdict(applied) or limits.cpu_verdict(applied, cpu_budget)
+            if verdict is not None and not result.success:  # a command of the run hit a tree-wide limit
+                result = msgspec.structs.replace(result, error_message=f"{verdict}; {result.error_message}"[:4000])
             retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result
             busy.value = 0
