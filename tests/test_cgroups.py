@@ -81,6 +81,19 @@ class Command(BaseScheduledJob):
                                   error_message=f"command exited {done.returncode}: {done.stderr[-300:]}")
 
 
+class Shared(BaseScheduledJob):
+    """Writes 300 MB of shared anonymous memory: not data (RLIMIT_DATA does not see it), but charged to the
+    cgroup: only the cgroup's limit stops it."""
+    job_type = "shared"
+
+    def execute(self, context):
+        import mmap
+        area = mmap.mmap(-1, 300 << 20)
+        for offset in range(0, len(area), 4096):
+            area[offset] = 1
+        return ScheduledJobResult(success=True)
+
+
 class Ok(BaseScheduledJob):
     job_type = "ok"
 
@@ -288,3 +301,38 @@ def test_a_cpu_limit_holds_for_the_runs_processes_together(plugins, mode):
         assert finished.error_message.startswith("CPU time limit 1 s exceeded by the run's processes together")
         assert 0.9 < finished.cpu_s < 1.6, finished.cpu_s  # the command's CPU, counted through the cgroup
         assert _run(one, "ok").success
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [pytest.param("auto", id="cgroup-memory")])
+def test_a_worker_the_kernel_killed_at_the_cgroup_memory_limit_is_recorded_as_the_memory_limit(plugins, mode):
+    """An out-of-memory kill was a bare SIGKILL ("most likely the kernel's out-of-memory killer"); the
+    worker's cgroup counts it, so the run says which limit ended it."""
+    _usable(mode)
+    from mjsched_isolated.supervisor.guard import RunGuard
+
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        if one.worker.cgroup is None or one.worker.cgroup.memory_dir is None:
+            pytest.skip(f"no memory cgroup here: {one.pool.containment()}")
+        worker = one.worker
+        request = protocol.RunRequest(run_id=1, job_id=1, job_name="j", job_type="shared", configuration=None,
+                                      limits=protocol.RunLimits(max_memory_mb=100))
+        one.pool.submit(worker, request)
+        died = []
+        wait_until(lambda: died.extend(e for e in one.pool.wait(0.5)[0] if e.died) or died, 20, "the worker's death")
+        assert died[0].exitcode == -signal.SIGKILL and died[0].oom_killed
+
+        recorded = {}
+
+        class Recorder:
+            def record(self, flight, now, **fields):
+                recorded.update(fields)
+
+        class Flight:
+            run_id, job = 1, {}
+            kill_at = None
+        guard = RunGuard(None, None, one.pool, None, Recorder(), {1: Flight()})
+        guard.on_death(died[0], None)
+        assert recorded["error_message"].startswith(
+            f"memory limit 100 MB exceeded: the kernel's out-of-memory killer ended worker process {worker.pid} at "
+            "its cgroup's memory limit (killed by signal SIGKILL)"), recorded

@@ -59,6 +59,7 @@ class Worker:
         self.retiring: str | None = None  # the child said it exits after its last run, and why
         self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
         self.cgroup: cgroups.WorkerCgroup | None = None  # its own cgroup, if cgroups are used
+        self.terminating: Any = None  # shared byte: set before SIGTERM at a deadline (worker/main.py _on_sigterm)
         self.oom_kills: int | None = None  # its cgroup's out-of-memory kills when its run (with a memory limit) began
 
     @property
@@ -168,10 +169,11 @@ class Pool:
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
         group = self.cgroups.create(slot) if self.cgroups is not None else None
+        terminating = _ctx.RawValue("b", 0)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
                                                            dict(self.fatal_modules), self.max_run_output_bytes,
-                                                           group),
+                                                           group, terminating),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()
@@ -186,6 +188,7 @@ class Pool:
                 group = None
         worker = Worker(slot, process, parent_conn, time.monotonic())
         worker.cgroup = group
+        worker.terminating = terminating
         worker.generation = self.generation
         self.workers[slot] = worker
         return worker
@@ -376,8 +379,12 @@ class Pool:
 
     def terminate(self, workers: list[Worker]) -> None:
         """Send SIGTERM to the process trees of ``workers`` (a plugin's SIGTERM handler and its commands'
-        get the chance to clean up; the worker itself ignores it). Does not wait: the caller kills what
-        is still running after its grace (:meth:`kill_all`)."""
+        get the chance to clean up; a plugin without a handler of its own is ended at once: the worker
+        raises ``Terminated`` in it, see ``worker/main.py``). Does not wait: the caller kills what is still
+        running after its grace (:meth:`kill_all`)."""
+        for worker in workers:
+            if worker.terminating is not None:
+                worker.terminating.value = 1
         for worker in workers:
             if worker.cgroup is not None:
                 worker.cgroup.signal(signal.SIGTERM)

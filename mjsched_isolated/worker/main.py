@@ -40,7 +40,7 @@ log = logging.getLogger("mjsched.child")
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
          skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024,
-         cgroup: cgroups.WorkerCgroup | None = None) -> None:
+         cgroup: cgroups.WorkerCgroup | None = None, terminating: Any = None) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
@@ -49,7 +49,10 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     earlier child died importing them) -> why. ``max_run_output_bytes``: what a run's output keeps (first
     and last halves; see :mod:`~mjsched_isolated.worker.output`). ``cgroup``: this worker's own cgroup
     (:mod:`~mjsched_isolated.cgroups`; the supervisor has moved it there already, joining again is a
-    no-op), or None: cgroups are not used."""
+    no-op), or None: cgroups are not used. ``terminating``: a shared byte the supervisor sets to 1 before
+    it sends SIGTERM at the run's deadline (see :func:`_on_sigterm`)."""
+    global _terminating
+    _terminating = terminating
     cgroup_error = None
     if cgroup is not None:
         try:
@@ -62,7 +65,7 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     # default KillMode=control-group) must not end a run the supervisor is draining. SIGTERM gets a no-op
     # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _ignore_signal)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
     cpu_budget = multiprocessing.RawArray("d", [0.0, math.inf])  # the run's cgroup CPU start and limit, s
@@ -93,6 +96,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
         if isinstance(message, protocol.ValidateRequest):
             sender.send(protocol.ValidateReply(error=validate(registry, message.job_type, message.configuration)))
         elif isinstance(message, protocol.RunRequest):
+            if terminating is not None:
+                terminating.value = 0  # set for an earlier run that ended before its SIGTERM came
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             capture.begin(message.run_id)
@@ -101,7 +106,12 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
             meter = accounting.Meter(cgroup)
-            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            global _in_run
+            _in_run = True
+            try:
+                result = run(registry, message, sender, functools.partial(limits.describe, applied=applied))
+            finally:
+                _in_run = False
             cpu_s, max_rss_mb = meter.stop()
             verdict = limits.memory_verdict(applied) or limits.cpu_verdict(applied, cpu_budget)
             if verdict is not None and not result.success:  # a command of the run hit a tree-wide limit
@@ -158,10 +168,25 @@ class PipeSender:
 
 
 _capture: OutputCapture | None = None  # for the SIGTERM handler
+_terminating: Any = None  # shared with the supervisor: 1 once it sent SIGTERM at the run's deadline
+_in_run = False  # the plugin's execute is running
 
 
-def _ignore_signal(_signum: int, _frame: object) -> None:
-    """SIGTERM in a worker: the run goes on (the supervisor decides; at a deadline it sends SIGTERM, then
-    SIGKILL after ``kill_grace_s``), but what the run wrote so far is sent now, so a killed run keeps it."""
+class Terminated(BaseException):
+    """Raised in a plugin that installed no SIGTERM handler of its own when the supervisor sends SIGTERM at
+    the run's deadline: the run ends at once instead of waiting ``kill_grace_s`` for SIGKILL (a
+    ``BaseException``, as ``KeyboardInterrupt``: an ``except Exception`` in the plugin does not keep it)."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    """SIGTERM in a worker. What the run wrote so far is sent now, so a killed run keeps it. From the
+    supervisor at the run's deadline (``terminating`` set), to a plugin that installed no SIGTERM handler
+    of its own (one that did has replaced this one), it raises :class:`Terminated` in the plugin: the run
+    ends within the grace, as a process with the default SIGTERM action would. Otherwise (a Ctrl-C or a
+    SIGTERM sent to the whole process tree, systemd's default ``KillMode=control-group``) the run goes on:
+    shutdown is the supervisor's decision."""
     if _capture is not None:
         _capture.flush_now()
+    if _in_run and _terminating is not None and _terminating.value:
+        _terminating.value = 0
+        raise Terminated("SIGTERM from the supervisor at the run's deadline")
