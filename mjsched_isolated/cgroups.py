@@ -8,7 +8,8 @@ supervisor's own cgroup in that hierarchy (so limits set on it, by systemd or a 
 its start time in clock ticks after boot, ``/proc/PID/stat`` field 22, so a reused pid is not mistaken for
 it) and ``<n>`` its pool. A :class:`Parent` (one per pool) creates the worker cgroups and removes them; at
 start it removes those of supervisors of its own pid namespace that are gone (killed with SIGKILL),
-killing what still runs in them (those of other pid namespaces it cannot judge, and leaves).
+killing what still runs in them, and those of other pid namespaces (a container's) once nothing has run
+in them for a minute.
 
 Mechanisms, first usable one wins (``[isolation] cgroups``: ``auto``, or ``v2``/``v1`` to insist, ``off``):
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 MODES = ("auto", "v2", "v1", "off")
 ROOT_NAME = "mjsched"
+STALE_EMPTY_AFTER_S = 60.0  # a pool cgroup of another pid namespace, empty this long, is stale
 KILL_ROUNDS = 50  # pid-by-pid kills (no cgroup.kill): rounds until no process is left (a forking tree)
 _pool_numbers = itertools.count()
 
@@ -401,23 +403,46 @@ def _make_parent(base: str) -> tuple[str | None, str]:
 
 
 def _remove_stale(root: str) -> None:
-    """Remove the pool cgroups of supervisors of this pid namespace that are gone (named ``<pidns>.<pid>.<start
-    ticks>.<n>``), killing what still runs in them."""
+    """Remove the pool cgroups of supervisors that are gone, killing what still runs in them: those of this
+    pid namespace (named ``<pidns>.<pid>.<start ticks>.<n>``) whose supervisor process is gone, and any
+    other with no process in it for :data:`STALE_EMPTY_AFTER_S` (a supervisor of another pid namespace,
+    whose pids this one cannot check: a live one always has workers in it)."""
     try:
         names = os.listdir(root)
     except OSError:
         return
     namespace = _pid_namespace()
     for name in names:
-        parts = name.split(".")
-        if len(parts) != 4 or parts[0] != namespace or not parts[1].isdigit():
-            continue
-        if _start_ticks(int(parts[1])) == parts[2]:
-            continue
         path = os.path.join(root, name)
-        if os.path.isdir(path):
-            version = 1 if os.path.exists(os.path.join(path, "freezer.state")) else 2
-            _remove_tree(path, version)
+        if not os.path.isdir(path):
+            continue
+        version = 1 if os.path.exists(os.path.join(path, "freezer.state")) else 2
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == namespace and parts[1].isdigit():
+            if _start_ticks(int(parts[1])) == parts[2]:
+                continue  # its supervisor is alive
+        elif _populated(path) or _age_s(path) < STALE_EMPTY_AFTER_S:
+            continue
+        _remove_tree(path, version)
+
+
+def _populated(path: str) -> bool:
+    """Whether any process is in cgroup ``path`` or below it."""
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:  # v2: the whole subtree
+            return b"populated 1" in f.read()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return True
+    return any(WorkerCgroup(folder, 1).pids() for folder, _, _ in os.walk(path))  # v1: each cgroup's own
+
+
+def _age_s(path: str) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _remove_tree(path: str, version: int) -> bool:

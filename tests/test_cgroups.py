@@ -233,6 +233,32 @@ def test_the_cgroups_of_a_sigkilled_supervisor_are_cleaned_at_the_next_start(mod
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_pool_cgroups_of_another_pid_namespace_are_removed_only_once_empty(mode, monkeypatch):
+    """A supervisor of another pid namespace (a container's PID 1 killed with its container) cannot be
+    checked by pid: its cgroups are removed once nothing runs in them, never while something does."""
+    _usable(mode)
+    monkeypatch.setattr(cgroups, "STALE_EMPTY_AFTER_S", 0.0)
+    first = cgroups.Parent.open(mode)
+    root = os.path.dirname(first.kill_dir)
+    empty, busy = os.path.join(root, "1.1.1.0"), os.path.join(root, "2.1.1.0")
+    for path in (empty, busy, os.path.join(empty, "w0-0"), os.path.join(busy, "w0-0")):
+        os.mkdir(path)
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        cgroups.WorkerCgroup(os.path.join(busy, "w0-0"), int(mode[1])).join(sleeper.pid)
+        second = cgroups.Parent.open(mode)
+        assert not os.path.exists(empty) and os.path.isdir(busy) and sleeper.poll() is None
+        second.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        first.close()
+        cgroups.WorkerCgroup(os.path.join(busy, "w0-0"), int(mode[1])).remove()
+        os.rmdir(busy)
+
+
+@pytest.mark.timeout(30)
 def test_with_cgroups_off_the_fallback_is_said_at_start_and_in_check(plugins, monkeypatch, tmp_path):
     monkeypatch.setenv("MJSCHED_ISOLATION_CGROUPS", "off")
     settings = load_settings(flags={"database_url": f"sqlite:///{tmp_path / 'none.db'}", "plugins_dir": str(plugins)})

@@ -162,10 +162,14 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
     scanned (a few reads of ``/proc/self``). Without it, only a process that started its own session and
     was re-parented to init escapes.
 
-    ``cgroup``: this worker's cgroup (:mod:`~mjsched_isolated.cgroups`): every process in it but the
-    worker and its watchdog is a leftover, wherever it moved in the process tree; one read of
-    ``cgroup.procs`` finds them all."""
+    ``cgroup``: this worker's cgroup (:mod:`~mjsched_isolated.cgroups`): when something was left, every
+    process in it but the worker and its watchdog is a leftover, wherever it moved in the process tree; one
+    read of ``cgroup.procs`` finds them all, and they are killed together with those they fork meanwhile."""
     me = os.getpid()
+    if subreaper:  # everything the run started and left is still below this worker: nothing left, no scan
+        children = proctree.own_children()
+        if children is not None and not children - {watchdog_pid}:
+            return []
     if cgroup is not None:
         left = sorted(cgroup.pids() - {me, watchdog_pid})
         for pid in left:
@@ -175,10 +179,6 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
         if subreaper:
             _reap_children(watchdog_pid)
         return left
-    if subreaper:
-        children = proctree.own_children()
-        if children is not None and not children - {watchdog_pid}:
-            return []
     found: list[psutil.Process] = []
     for pid in sorted(proctree.session_and_descendants(me) - {watchdog_pid}):
         proc = _log_leftover(pid, run_id, job_name)
