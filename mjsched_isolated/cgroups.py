@@ -65,8 +65,7 @@ class WorkerCgroup:
     def pids(self) -> set[int]:
         """Pids of the processes in the cgroup now (empty if it is gone)."""
         try:
-            with open(os.path.join(self.kill_dir, "cgroup.procs"), "rb") as f:
-                return {int(p) for p in f.read().split()}
+            return {int(p) for p in _read(self.kill_dir, "cgroup.procs").split()}
         except OSError:
             return set()
 
@@ -131,11 +130,10 @@ class WorkerCgroup:
         if self.version != 2:
             return None
         try:
-            with open(os.path.join(self.kill_dir, "cpu.stat"), "rb") as f:
-                for line in f:
-                    key, _, value = line.partition(b" ")
-                    if key == b"usage_usec":
-                        return int(value) / 1e6
+            for line in _read(self.kill_dir, "cpu.stat").splitlines():
+                key, _, value = line.partition(b" ")
+                if key == b"usage_usec":
+                    return int(value) / 1e6
         except (OSError, ValueError):
             return None
         return None
@@ -178,11 +176,10 @@ class WorkerCgroup:
             return None
         name = "memory.events" if self.memory_version == 2 else "memory.oom_control"
         try:
-            with open(os.path.join(self.memory_dir, name), "rb") as f:
-                for line in f:
-                    key, _, value = line.partition(b" ")
-                    if key == b"oom_kill":
-                        return int(value)
+            for line in _read(self.memory_dir, name).splitlines():
+                key, _, value = line.partition(b" ")
+                if key == b"oom_kill":
+                    return int(value)
         except (OSError, ValueError):
             return None
         return None
@@ -191,8 +188,7 @@ class WorkerCgroup:
         if self.memory_dir is None:
             return None
         try:
-            with open(os.path.join(self.memory_dir, name), "rb") as f:
-                return int(f.read())
+            return int(_read(self.memory_dir, name))
         except (OSError, ValueError):
             return None
 
@@ -312,9 +308,24 @@ def probe(mode: str = "auto") -> str:
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
+def _read(path: str, name: str) -> bytes:
+    """The whole of a cgroup file: plain ``os.read`` calls, half the time of ``open()`` (a few read per run)."""
+    fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _write(path: str, name: str, value: str) -> None:
-    with open(os.path.join(path, name), "w") as f:
-        f.write(value)
+    fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _mounts() -> dict[str, tuple[str, str]]:
