@@ -16,7 +16,8 @@ Mechanisms, first usable one wins (``[isolation] cgroups``: ``auto``, or ``v2``/
 - **cgroup v2** (a ``cgroup2`` mount: pure, or ``/sys/fs/cgroup/unified`` of a hybrid setup): kill with
   ``cgroup.kill`` (Linux >= 5.14; else every pid in ``cgroup.procs``, repeated until it is empty); CPU time
   of the whole tree from ``cpu.stat``. The ``memory`` controller, where it can be enabled for the subtree,
-  gives ``memory.max`` and ``memory.peak``.
+  gives ``memory.max`` and the out-of-memory count (``memory.peak`` is not used: it can be reset only for
+  reads through the same open file, from Linux 6.12).
 - **cgroup v1** (``freezer`` hierarchy): kill by freezing the cgroup, SIGKILL to every pid in
   ``cgroup.procs``, thawing (a frozen process cannot fork while it is being killed).
 - Where the v2 mount has no ``memory`` controller (hybrid), the v1 ``memory`` hierarchy, if mounted and
@@ -99,6 +100,10 @@ class WorkerCgroup:
         finally:
             if frozen:
                 self._freeze(False)  # SIGKILL is delivered once thawed
+        if frozen:  # freezing is asynchronous: one more pass for a process that forked as it began
+            for pid in self.pids() - exclude:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         return killed
 
     def _freeze(self, on: bool) -> bool:
@@ -205,7 +210,6 @@ class Parent:
         self.memory_version = 0
         self.why_not: str | None = None  # set when no cgroup is used: the reason, for the start line and check
         self.memory_why_not: str | None = None
-        self.stale_removed = 0
         self._seq = itertools.count()
 
     @property
@@ -259,7 +263,8 @@ class Parent:
         kill = ("cgroup.kill" if self.version == 2 else "freeze, SIGKILL each process, thaw")
         text = f"cgroup v{self.version} per worker under {self.kill_dir} (kills: {kill})"
         if self.memory_dir is not None:
-            text += f"; memory limits and peaks by cgroup v{self.memory_version} memory"
+            peaks = " and peaks" if self.memory_version == 1 else ""
+            text += f"; memory limits{peaks} by cgroup v{self.memory_version} memory"
         else:
             text += f"; no memory controller ({self.memory_why_not or 'not enabled'})"
         return text
