@@ -53,10 +53,12 @@ class WorkerCgroup:
     version: int  # 2 or 1: of kill_dir
     memory_dir: str | None = None
     memory_version: int = 0
+    pids_dir: str | None = None  # v2 pids controller (kill_dir) or a v1 pids cgroup: pids.max
 
     @property
     def dirs(self) -> tuple[str, ...]:
-        return (self.kill_dir,) if self.memory_dir in (None, self.kill_dir) else (self.kill_dir, self.memory_dir or "")
+        """Its directory in every hierarchy it uses."""
+        return tuple(dict.fromkeys(p for p in (self.kill_dir, self.memory_dir, self.pids_dir) if p))
 
     def join(self, pid: int = 0) -> None:
         """Move ``pid`` (0: this process) into the cgroup, in every hierarchy. Raises ``OSError``."""
@@ -155,6 +157,26 @@ class WorkerCgroup:
             return False
         return True
 
+    def set_pids_limit(self, limit: int | None) -> bool:
+        """Most tasks (processes and threads) the cgroup may hold (``pids.max``, v1 and v2); None lifts it.
+        False without a pids cgroup or if the kernel refused."""
+        if self.pids_dir is None:
+            return False
+        try:
+            _write(self.pids_dir, "pids.max", "max" if limit is None else str(limit))
+        except OSError:
+            return False
+        return True
+
+    def pids_now(self) -> int | None:
+        """Tasks (processes and threads) in the cgroup now (``pids.current``)."""
+        if self.pids_dir is None:
+            return None
+        try:
+            return int(_read(self.pids_dir, "pids.current"))
+        except (OSError, ValueError):
+            return None
+
     def memory_now(self) -> int | None:
         """Bytes charged to the cgroup now (v2 ``memory.current``, v1 ``memory.usage_in_bytes``)."""
         return self._read_int("memory.current" if self.memory_version == 2 else "memory.usage_in_bytes")
@@ -210,6 +232,8 @@ class Parent:
         self.memory_version = 0
         self.why_not: str | None = None  # set when no cgroup is used: the reason, for the start line and check
         self.memory_why_not: str | None = None
+        self.pids_dir: str | None = None
+        self.pids_version = 0
         self._seq = itertools.count()
 
     @property
@@ -245,7 +269,7 @@ class Parent:
         if parent.kill_dir is None:
             parent.why_not = "; ".join(reasons)
             return parent
-        if parent.version == 2 and _enable_memory(parent.kill_dir):
+        if parent.version == 2 and _enable_controller(parent.kill_dir, "memory"):
             parent.memory_dir, parent.memory_version = parent.kill_dir, 2
         else:
             base = _base(mounts, own, "memory")
@@ -254,6 +278,13 @@ class Parent:
                 parent.memory_why_not = why
             else:
                 parent.memory_dir, parent.memory_version = made, 1
+        if parent.version == 2 and _enable_controller(parent.kill_dir, "pids"):
+            parent.pids_dir, parent.pids_version = parent.kill_dir, 2
+        else:
+            base = _base(mounts, own, "pids")
+            made, _ = _make_parent(base) if base is not None else (None, "")
+            if made is not None:
+                parent.pids_dir, parent.pids_version = made, 1
         return parent
 
     def describe(self) -> str:
@@ -267,6 +298,8 @@ class Parent:
             text += f"; memory limits{peaks} by cgroup v{self.memory_version} memory"
         else:
             text += f"; no memory controller ({self.memory_why_not or 'not enabled'})"
+        if self.pids_dir is not None:
+            text += f"; process limits by cgroup v{self.pids_version} pids"
         return text
 
     def create(self, slot: int) -> WorkerCgroup | None:
@@ -279,27 +312,20 @@ class Parent:
             os.mkdir(os.path.join(self.kill_dir, name))
         except OSError:
             return None
-        memory_dir = None
-        if self.memory_dir is not None:
-            memory_dir = os.path.join(self.memory_dir, name)
-            if memory_dir != os.path.join(self.kill_dir, name):
-                try:
-                    os.mkdir(memory_dir)
-                except OSError:
-                    memory_dir = None
-        return WorkerCgroup(os.path.join(self.kill_dir, name), self.version, memory_dir,
-                            self.memory_version if memory_dir else 0)
+        kill_dir = os.path.join(self.kill_dir, name)
+        memory_dir, pids_dir = (_mkdir_in(parent, name, kill_dir) for parent in (self.memory_dir, self.pids_dir))
+        return WorkerCgroup(kill_dir, self.version, memory_dir, self.memory_version if memory_dir else 0, pids_dir)
 
     def close(self) -> list[str]:
         """Kill what is left in the worker cgroups, remove them and the parent(s). Returns the paths that
         could not be removed (processes that did not end within a second)."""
         left = []
-        for path in {p for p in (self.kill_dir, self.memory_dir) if p}:
-            if not _remove_tree(path, self.version if path == self.kill_dir else self.memory_version):
+        for path in {p for p in (self.kill_dir, self.memory_dir, self.pids_dir) if p}:
+            if not _remove_tree(path, self.version if path == self.kill_dir else 0):
                 left.append(path)
             with contextlib.suppress(OSError):  # the shared root, once no supervisor uses it
                 os.rmdir(os.path.dirname(path))
-        self.kill_dir = self.memory_dir = None
+        self.kill_dir = self.memory_dir = self.pids_dir = None
         return left
 
 
@@ -313,6 +339,21 @@ def probe(mode: str = "auto") -> str:
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
+def _mkdir_in(parent: str | None, name: str, kill_dir: str) -> str | None:
+    """``parent/name`` made (a v1 hierarchy's worker cgroup), ``kill_dir`` if that is the same, None if
+    there is no ``parent`` or it cannot be made."""
+    if parent is None:
+        return None
+    path = os.path.join(parent, name)
+    if path == kill_dir:
+        return path
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    return path
+
+
 def _read(path: str, name: str) -> bytes:
     """The whole of a cgroup file: plain ``os.read`` calls, half the time of ``open()`` (a few read per run)."""
     fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
@@ -488,21 +529,19 @@ def _remove_tree(path: str, version: int) -> bool:
     return True
 
 
-def _enable_memory(path: str) -> bool:
-    """Enable the v2 ``memory`` controller for the worker cgroups below the pool cgroup ``path``: in the
-    subtrees of this process's own cgroup, of ``mjsched`` and of ``path`` (cgroups above this process's own
-    are not touched: its own must offer the controller, and can enable it only if it holds no process
-    other than at the root). False where it is not available."""
+def _enable_controller(path: str, controller: str) -> bool:
+    """Enable the v2 ``controller`` (``memory``, ``pids``) for the worker cgroups below the pool cgroup
+    ``path``: in the subtrees of this process's own cgroup, of ``mjsched`` and of ``path`` (cgroups above
+    this process's own are not touched: its own must offer the controller, and can enable it only if it
+    holds no process other than at the root). False where it is not available."""
     levels = [os.path.dirname(os.path.dirname(path)), os.path.dirname(path), path]
     for level in levels:
         try:
-            with open(os.path.join(level, "cgroup.controllers")) as f:
-                if "memory" not in f.read().split():
-                    return False
-            with open(os.path.join(level, "cgroup.subtree_control")) as f:
-                if "memory" in f.read().split():
-                    continue
-            _write(level, "cgroup.subtree_control", "+memory")
+            if controller not in _read(level, "cgroup.controllers").decode().split():
+                return False
+            if controller in _read(level, "cgroup.subtree_control").decode().split():
+                continue
+            _write(level, "cgroup.subtree_control", f"+{controller}")
         except OSError:
             return False
     return True

@@ -94,6 +94,31 @@ class Shared(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class Bomb(BaseScheduledJob):
+    """A fork bomb, bounded even without a limit: 3 children a process, 4 levels, then the worker itself
+    goes on forking, 200 more at most. Runs as root too: the cgroup's pids.max binds root."""
+    job_type = "bomb"
+
+    def execute(self, context):
+        def bomb(depth):
+            for _ in range(3):
+                if os.fork() == 0:
+                    try:
+                        if depth < 3:
+                            bomb(depth + 1)
+                    except BaseException:
+                        pass
+                    time.sleep(30)
+                    os._exit(0)
+
+        bomb(0)
+        for _ in range(200):
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+        return ScheduledJobResult(success=True)
+
+
 class Ok(BaseScheduledJob):
     job_type = "ok"
 
@@ -362,3 +387,21 @@ def test_a_worker_the_kernel_killed_at_the_cgroup_memory_limit_is_recorded_as_th
         assert recorded["error_message"].startswith(
             f"memory limit 100 MB exceeded: the kernel's out-of-memory killer ended worker process {worker.pid} at "
             "its cgroup's memory limit (killed by signal SIGKILL)"), recorded
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [pytest.param("auto", id="cgroup-pids")])
+def test_a_fork_bomb_under_a_process_limit_is_contained_also_as_root(plugins, mode):
+    """RLIMIT_NPROC does not bind root (the existing fork-bomb test needs an unprivileged uid); the
+    cgroup's pids.max does, and the cleanup after the run kills the whole tree."""
+    _usable(mode)
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        group = one.worker.cgroup
+        if group is None or group.pids_dir is None:
+            pytest.skip(f"no pids cgroup here: {one.pool.containment()}")
+        bombed = _run(one, "bomb", max_processes=30)
+        assert not bombed.success and bombed.error_message.startswith("process limit 30 exceeded"), bombed
+        assert _run(one, "ok").success  # the bomb's processes were killed before this run
+        assert group.pids() == {one.worker.pid, *(p.pid for p in psutil.Process(one.worker.pid).children())}
+        assert len(group.pids()) == 2  # the worker and its watchdog
+        assert group.pids_now() is not None and group.pids_now() < 30

@@ -25,6 +25,9 @@ depend on the worker's age:
 - ``max_memory_mb``: the cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) is set to
   what the cgroup holds when the run starts plus ``max_memory_mb``, for the whole tree together; the kernel
   kills a process of the tree at it (the run is recorded ``memory limit N MB exceeded``).
+- ``max_processes``: the cgroup's ``pids.max`` (v2 ``pids`` controller, else the v1 ``pids`` hierarchy) is
+  set to the tasks (processes and threads) in it when the run starts plus ``max_processes``: a fork past it
+  fails (``EAGAIN``), also for root, whom ``RLIMIT_NPROC`` does not bind (systemd's ``TasksMax=``).
 - ``max_cpu_s``: the worker's watchdog reads the cgroup's CPU time (v2 ``cpu.stat``, every
   :data:`~mjsched_isolated.worker.watchdog.PARENT_CHECK_INTERVAL_S`) and at ``max_cpu_s`` of the whole tree
   since the run started sends SIGXCPU to every process of it (the kernel's signal for ``RLIMIT_CPU``), so
@@ -61,6 +64,7 @@ class Applied:
         self.xcpu_handler: Any = None
         self.errors: list[str] = []
         self.cgroup: cgroups.WorkerCgroup | None = None  # its memory limit was set for this run
+        self.pids_cgroup: cgroups.WorkerCgroup | None = None  # its pids.max was set for this run
         self.oom_kills = 0  # the cgroup's count when the run started
 
 
@@ -106,6 +110,12 @@ def apply(limits: RunLimits | None, cgroup: cgroups.WorkerCgroup | None = None,
             applied.oom_kills = cgroup.oom_kills() or 0
         else:
             applied.errors.append(f"max_memory_mb: the cgroup memory limit could not be set ({cgroup.memory_dir})")
+    if limits.max_processes is not None and cgroup is not None and cgroup.pids_dir is not None:
+        tasks = cgroup.pids_now()
+        if tasks is not None and cgroup.set_pids_limit(tasks + limits.max_processes):
+            applied.pids_cgroup = cgroup
+        else:
+            applied.errors.append(f"max_processes: the cgroup's pids.max could not be set ({cgroup.pids_dir})")
     if limits.nice is not None:
         try:
             applied.nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -123,6 +133,8 @@ def restore(applied: Applied | None) -> str | None:
     failed = []
     if applied.cgroup is not None and not applied.cgroup.set_memory_limit(None):
         failed.append("cgroup memory limit")
+    if applied.pids_cgroup is not None and not applied.pids_cgroup.set_pids_limit(None):
+        failed.append("cgroup pids.max")
     for which, previous in applied.rlimits.items():
         try:
             resource.setrlimit(which, previous)
