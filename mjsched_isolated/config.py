@@ -120,6 +120,16 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
                 raise InputError(f"limits.{field}", f"must be between {low} and {high}, got {value}")
 
 
+class Isolation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[isolation]``: ``cgroups``: ``"auto"`` (default) puts each worker and everything it starts in a
+    cgroup of its own where the machine allows (cgroup v2, else v1; see mjsched_isolated/cgroups.py and
+    docs/operating/isolation.md); ``"v2"`` or ``"v1"`` only that version; ``"off"`` none (the worker's
+    child subreaper and per-process rlimits only). Where cgroups cannot be used, ``serve`` and ``check``
+    say why and the workers run without."""
+
+    cgroups: Literal["auto", "v2", "v1", "off"] = "auto"
+
+
 class Metrics(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[metrics]``: Prometheus ``/metrics`` and ``/healthz`` on ``host:port``; off while ``port`` is
     unset. Binds to 127.0.0.1 unless told otherwise. ``stall_after_s``: ``/healthz`` fails when the poll
@@ -319,6 +329,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     retention: Retention = msgspec.field(default_factory=Retention)
     recycling: Recycling = msgspec.field(default_factory=Recycling)
     limits: Limits = msgspec.field(default_factory=Limits)
+    isolation: Isolation = msgspec.field(default_factory=Isolation)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     notifications: Notifications = msgspec.field(default_factory=Notifications)
     dashboard: Dashboard = msgspec.field(default_factory=Dashboard)
@@ -383,7 +394,7 @@ def redact_url(url: str) -> str:
 
 # -- loading: flags > environment > file > defaults --------------------------------------------------------
 SECTIONS: dict[str, type[msgspec.Struct]] = {"retention": Retention, "recycling": Recycling, "limits": Limits,
-                                             "metrics": Metrics, "notifications": Notifications,
+                                             "isolation": Isolation, "metrics": Metrics, "notifications": Notifications,
                                              "dashboard": Dashboard}
 CHANNELS: dict[str, type[msgspec.Struct]] = {"email": EmailChannel, "webhook": WebhookChannel}
 

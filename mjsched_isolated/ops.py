@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from mjsched_isolated import cron, jobspec, proctree
+from mjsched_isolated import cgroups, cron, jobspec, proctree
 from mjsched_isolated.config import Retention, Settings, redact_url
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
 from mjsched_isolated.errors import (
@@ -460,7 +460,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
     notes.append(f"plugins: {len(report.plugins)} job type(s): "
                  + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
     notes.extend(f"plugins: {warning}" for warning in report.warnings)
-    notes.append(f"isolation: {proctree.containment()}")
+    notes.append(f"isolation: {proctree.containment(cgroups.probe(settings.isolation.cgroups))}")
     for failure in report.failures:
         problems.append(f"plugin module {failure.module}: failed to import: {last_line(failure.error)}")
     jobs_file = jobs_file or settings.jobs_file

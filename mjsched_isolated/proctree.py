@@ -206,14 +206,18 @@ def reap(pids: set[int]) -> set[int]:
     return running
 
 
-def containment() -> str:
+def containment(cgroups: str | None = None) -> str:
     """One line on how this machine's workers contain what runs leave behind (for ``check`` and the
-    start of ``serve``). cgroups are not used: leftover cleanup relies on the worker being a child
-    subreaper (Linux), limits on rlimits (per process)."""
+    start of ``serve``). ``cgroups``: what :meth:`mjsched_isolated.cgroups.Parent.describe` says (the
+    mechanism in use, or why cgroups are not used); None: not known (no pool of real workers)."""
     if sys.platform.startswith("linux") and os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
         how = ("workers are child subreapers: a process a run leaves behind is killed when the run ends, also "
                "if it started its own session")
     else:
         how = ("no child subreaper on this platform: a process a run leaves behind is killed when the run ends "
                "unless it started its own session and was re-parented to init")
-    return f"{how}; cgroups are not used (limits are per-process rlimits; see docs/operating/isolation.md)"
+    if cgroups is None or cgroups.startswith("cgroups are not used"):
+        return (f"{how}; {cgroups or 'cgroups are not used'}: limits are per-process rlimits, a worker killed "
+                "from outside may leave processes that started their own session (see docs/operating/isolation.md)")
+    return (f"{how}; {cgroups}: every process a run starts is killed with the run, or with its worker if that "
+            "is killed from outside, whatever its session")

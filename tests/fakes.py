@@ -152,6 +152,9 @@ class FakePool:
         self.refill = False
         self.workers = {slot: None for slot in self.workers}
 
+    def containment(self) -> str:
+        return "in-process fake workers: no isolation"
+
     def idle_workers(self) -> list[FakeWorker]:
         return [w for w in self.workers.values() if w is not None and w.idle]
 

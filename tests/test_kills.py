@@ -122,6 +122,19 @@ class Polite(BaseScheduledJob):
     assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=10)  # not the full grace
 
 
+def test_a_real_plugin_without_a_sigterm_handler_ends_at_sigterm_not_after_the_grace(store, driver_factory):
+    """Issue 14 (Low): the worker ignored SIGTERM, so a plugin with no handler of its own waited the whole
+    grace for SIGKILL; SIGTERM from the supervisor at the deadline now ends it (as the default action
+    would end a process), while a SIGTERM from anyone else still leaves the run alone."""
+    d = driver_factory(lease_timeout_s=1.0, kill_grace_s=10)
+    add_job(store, "sleeper", "sleep", YEARLY, configuration=json.dumps({"seconds": 1000}))
+    d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="sleeper")), 20)
+    (run,) = store.list_runs(job_name="sleeper")
+    assert run["status"] == "Timeout", run
+    assert "sent SIGTERM: it ended within the grace (its plugin returned)" in run["error_message"]
+    assert run["completed_at"] - run["deadline_at"] < dt.timedelta(seconds=5)  # not the full grace
+
+
 def test_a_worker_killed_by_the_kernel_is_reported_as_probably_out_of_memory(mem_store, fake_factory):
     store = mem_store
     d = fake_factory()

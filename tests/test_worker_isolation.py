@@ -165,7 +165,7 @@ def test_process_state_a_run_changed_is_restored_before_the_next_run(plugins):
     facts = report.details
     assert facts["pid"] == polluter.details["pid"]  # the same worker, reused
     assert facts["alarm"] == 0 and facts["virtual"] == 0
-    assert facts["usr1"] == "SIG_DFL" and facts["term"] == "_ignore_signal"
+    assert facts["usr1"] == "SIG_DFL" and facts["term"] == "_on_sigterm"
     assert facts["alrm"] == "SIG_DFL"
     assert facts["stderr"] != "StringIO" and facts["stdin_closed"] is False
 

@@ -13,8 +13,8 @@ class OneWorker:
     """A pool of one real worker child loading ``plugins_dir``; ``run()`` sends a request and returns
     every message up to its RunFinished."""
 
-    def __init__(self, plugins_dir: str | None, timeout_s: float = 30.0) -> None:
-        self.pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s)
+    def __init__(self, plugins_dir: str | None, timeout_s: float = 30.0, **pool_options: Any) -> None:
+        self.pool = Pool(1, plugins_dir, ready_timeout_s=timeout_s, **pool_options)
         self.timeout_s = timeout_s
         self._next_run_id = 0
 

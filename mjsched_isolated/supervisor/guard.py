@@ -184,7 +184,7 @@ class RunGuard:
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
             return
-        if event.exitcode == -signal.SIGKILL and self.lease_lapsed(flight):
+        if event.exitcode == -signal.SIGKILL and not event.oom_killed and self.lease_lapsed(flight):
             self.metrics.run_killed("fence")
             why = (f"its worker's watchdog killed it: this supervisor's liveness lease was not renewed for "
                    f"{self.settings.lease_ttl_s * 0.8:g} s (0.8 x lease_ttl_s; the supervisor was frozen or cut "
@@ -193,9 +193,14 @@ class RunGuard:
             self.recorder.record(flight, now, status="Failed", success=False, error_message=f"fenced: {why}",
                                  fenced=True)
             return
-        self.recorder.record(flight, now, status="Failed", success=False,
-                             error_message=f"worker process {event.worker.pid} died during the run ({how})"
-                                           f"{death_hint(event.exitcode, flight.job.get('max_memory_mb'))}")
+        limit_mb = event.run.limits.max_memory_mb if event.run is not None and event.run.limits is not None else None
+        if event.oom_killed:  # the kernel counted it in the worker's cgroup: no guess
+            error = (f"memory limit {limit_mb} MB exceeded: the kernel's out-of-memory killer ended worker process "
+                     f"{event.worker.pid} at its cgroup's memory limit ({how})")
+        else:
+            error = (f"worker process {event.worker.pid} died during the run ({how})"
+                     f"{death_hint(event.exitcode, flight.job.get('max_memory_mb') or limit_mb)}")
+        self.recorder.record(flight, now, status="Failed", success=False, error_message=error)
 
     def shift(self, by: dt.timedelta, now: dt.datetime, jump_s: float) -> None:
         """A time jump of ``by``: each run keeps the time it had left, in memory and in its run row and job

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mjsched_isolated import proctree, protocol
+from mjsched_isolated import protocol
 from mjsched_isolated.config import Settings, redact_url
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
@@ -327,7 +327,7 @@ class Supervisor:
             log.info("supervisor %s started: %d workers, lease timeout %.0f s, database %s",
                      self.settings.instance, self.pool.size, self.settings.lease_timeout_s,
                      redact_url(self.store.engine.url.render_as_string(hide_password=False)))
-            log.info("worker isolation: %s", proctree.containment())
+            log.info("worker isolation: %s", self.pool.containment())
             while not self.done:
                 if self.cycle([rsock]):
                     _drain_socket(rsock)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mjsched_isolated import proctree, protocol
+from mjsched_isolated import cgroups, proctree, protocol
 from mjsched_isolated.errors import ProtocolError
 from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
@@ -78,6 +78,9 @@ class Worker:
         self.generation = 0  # the pool's plugin generation when it was spawned (see Pool.replace_all)
         self.pending = select.poll()  # its pipe alone: "is another message waiting?" in one call (_drain)
         self.pending.register(conn.fileno(), select.POLLIN)
+        self.cgroup: cgroups.WorkerCgroup | None = None  # its own cgroup, if cgroups are used
+        self.terminating: Any = None  # shared byte: set before SIGTERM at a deadline (worker/main.py _on_sigterm)
+        self.oom_kills: int | None = None  # its cgroup's out-of-memory kills when its run (with a memory limit) began
 
     @property
     def pid(self) -> int:
@@ -90,7 +93,8 @@ class Worker:
 
 class ChildEvent(msgspec.Struct):
     """Something a child did: sent ``message``, or died (``exitcode`` set; ``run`` was in flight;
-    ``culprit``: the plugin module whose import it died in, now left out of later children)."""
+    ``culprit``: the plugin module whose import it died in, now left out of later children; ``oom_killed``:
+    the kernel killed a process in its cgroup at the run's memory limit during the run)."""
 
     worker: Any
     message: Any = None
@@ -98,6 +102,7 @@ class ChildEvent(msgspec.Struct):
     exitcode: int | None = None
     run: protocol.RunRequest | None = None
     culprit: str | None = None
+    oom_killed: bool = False
 
 
 class Pool:
@@ -113,7 +118,7 @@ class Pool:
     def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text",
-                 max_run_output_bytes: int = 4 * 1024 * 1024):
+                 max_run_output_bytes: int = 4 * 1024 * 1024, cgroups_mode: str = "auto"):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -145,6 +150,9 @@ class Pool:
         self.reap_orphans = os.getpid() == 1
         self.orphans_reaped = 0
         self.generation = 0  # plugin code generation; replace_all() moves it on (supervisor/reload.py)
+        self.cgroups_mode = cgroups_mode  # [isolation] cgroups: auto, v2, v1 or off
+        self.cgroups: cgroups.Parent | None = None  # opened by start(): the workers' parent cgroup (or why none)
+        self._cgroups_to_remove: list[cgroups.WorkerCgroup] = []  # killed, not empty yet: removed when they are
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -159,7 +167,8 @@ class Pool:
                    import_timeout_s=settings.plugin_import_timeout_s,
                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
-                   log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes)
+                   log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes,
+                   cgroups_mode=settings.isolation.cgroups)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,20 +176,39 @@ class Pool:
         while it waits for the database)."""
         if self.reap_orphans:
             log.info("running as PID 1 (no init): orphaned processes that reach this process are reaped")
+        if self.cgroups is None:
+            self.cgroups = cgroups.Parent.open(self.cgroups_mode)
         for slot, worker in self.workers.items():
             if worker is None:
                 self._spawn(slot)
 
+    def containment(self) -> str:
+        """How this pool's workers contain what runs leave behind (the start line of ``serve``)."""
+        return proctree.containment(self.cgroups.describe() if self.cgroups is not None else None)
+
     def _spawn(self, slot: int) -> Worker:
         parent_conn, child_conn = _ctx.Pipe(duplex=True)
+        group = self.cgroups.create(slot) if self.cgroups is not None else None
+        terminating = _ctx.RawValue("b", 0)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
-                                                           dict(self.fatal_modules), self.max_run_output_bytes),
+                                                           dict(self.fatal_modules), self.max_run_output_bytes,
+                                                           group, terminating),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()
         child_conn.close()
+        if group is not None:
+            try:  # at once, while the new interpreter starts: it joins again itself before it forks anything
+                group.join(process.pid or 0)
+            except OSError as exc:
+                log.warning("worker %d could not be moved into its cgroup %s (%s); it runs without",
+                            process.pid, group.kill_dir, exc)
+                group.remove()
+                group = None
         worker = Worker(slot, process, parent_conn, time.monotonic())
+        worker.cgroup = group
+        worker.terminating = terminating
         worker.generation = self.generation
         self.workers[slot] = worker
         return worker
@@ -198,15 +226,22 @@ class Pool:
                 except OSError:
                     pass
             else:
-                kill_tree(worker.pid)
+                self._kill_tree(worker)
         deadline = time.monotonic() + timeout_s
         for worker in live:
             worker.process.join(max(0.0, deadline - time.monotonic()))
             if worker.process.is_alive():
-                kill_tree(worker.pid)
+                self._kill_tree(worker)
                 worker.process.join(1.0)
             worker.conn.close()
+            self._release_cgroup(worker)
         self.workers = {slot: None for slot in self.workers}
+        if self.cgroups is not None:
+            left = self.cgroups.close()  # every worker cgroup, and the pool's own, removed
+            if left:
+                log.warning("cgroups %s could not be removed: processes in them did not end", ", ".join(left))
+            self.cgroups = None
+            self._cgroups_to_remove = []
 
     # -- dispatch --------------------------------------------------------------------------------
     def idle_workers(self) -> list[Worker]:
@@ -218,6 +253,9 @@ class Pool:
     def submit(self, worker: Worker, request: protocol.RunRequest) -> None:
         """Hand ``request`` to an idle ``worker``. Raises ``OSError`` if its pipe is broken."""
         worker.run = request
+        worker.oom_kills = None
+        if worker.cgroup is not None and request.limits is not None and request.limits.max_memory_mb is not None:
+            worker.oom_kills = worker.cgroup.oom_kills()  # one small read, only for runs with a memory limit
         protocol.send(worker.conn, request)
 
     def tell_deadline(self, worker: Worker, run_id: int, deadline_at: float) -> None:
@@ -298,15 +336,44 @@ class Pool:
         ``is_alive`` never blocks; a child still alive here (garbage on its pipe, or a plugin writing into
         the sentinel pipe) is killed before it is joined, so ``join`` cannot hang on it."""
         if worker.process.is_alive():
-            kill_tree(worker.pid)
+            self._kill_tree(worker)
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
+        oom_killed = (worker.run is not None and worker.cgroup is not None and worker.oom_kills is not None
+                      and (worker.cgroup.oom_kills() or 0) > worker.oom_kills)
+        self._release_cgroup(worker)  # and in its cgroup, whatever their session (a worker killed from outside)
         worker.conn.close()
         code = worker.process.exitcode
         culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})")
-        event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit)
+        event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
+                           oom_killed=oom_killed)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
+
+    def _kill_tree(self, worker: Worker, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to ``worker``'s cgroup (every process in it, whatever its session or parent), then
+        to its process tree (what the cgroup may have missed: a worker that could not join it)."""
+        if worker.cgroup is not None:
+            if sig == signal.SIGKILL:
+                worker.cgroup.kill()
+            else:
+                worker.cgroup.signal(sig)
+                return  # the tree is in the cgroup: signalled once only (a plugin's handler runs once)
+        kill_tree(worker.pid, sig)
+
+    def _release_cgroup(self, worker: Worker) -> None:
+        """After ``worker`` was reaped: kill what is left in its cgroup (a ``setsid`` grandchild of a worker
+        killed from outside) and remove the cgroup, at once or, while the killed processes end, from
+        :meth:`_maintain`."""
+        group, worker.cgroup = worker.cgroup, None
+        if group is None:
+            return
+        group.kill()
+        if not group.remove():
+            self._cgroups_to_remove.append(group)
+
+    def _remove_cgroups(self) -> None:
+        self._cgroups_to_remove = [g for g in self._cgroups_to_remove if not g.remove()]
 
     def _blame_import(self, worker: Worker, why: str) -> str | None:
         """If ``worker`` died while importing a plugin module, leave that module out of later children and
@@ -328,10 +395,14 @@ class Pool:
         kills that fall due together are not serialised behind each other's reaping), then reap them and
         refill their slots. Returns the run each had, in order."""
         runs = [w.run for w in workers]
-        kill_trees([w.pid for w in workers])
+        for worker in workers:
+            if worker.cgroup is not None:
+                worker.cgroup.kill()
+        kill_trees([w.pid for w in workers if w.cgroup is None])
         for worker in workers:
             worker.process.join(2.0)
             worker.conn.close()
+            self._release_cgroup(worker)
             self._vacate(worker, died_before_ready=False, maintain=False)
         if workers:
             self._maintain()
@@ -339,9 +410,16 @@ class Pool:
 
     def terminate(self, workers: list[Worker]) -> None:
         """Send SIGTERM to the process trees of ``workers`` (a plugin's SIGTERM handler and its commands'
-        get the chance to clean up; the worker itself ignores it). Does not wait: the caller kills what
-        is still running after its grace (:meth:`kill_all`)."""
-        kill_trees([w.pid for w in workers], signal.SIGTERM)
+        get the chance to clean up; a plugin without a handler of its own is ended at once: the worker
+        raises ``Terminated`` in it, see ``worker/main.py``). Does not wait: the caller kills what is still
+        running after its grace (:meth:`kill_all`)."""
+        for worker in workers:
+            if worker.terminating is not None:
+                worker.terminating.value = 1
+        for worker in workers:
+            if worker.cgroup is not None:
+                worker.cgroup.signal(signal.SIGTERM)
+        kill_trees([w.pid for w in workers if w.cgroup is None], signal.SIGTERM)
 
     def replace_all(self) -> None:
         """New plugin code: every worker is replaced by one that imports it, an idle one at once, a busy
@@ -385,9 +463,10 @@ class Pool:
                     continue
                 log.warning("recycled worker %d did not stop within %.0f s; killing it", worker.pid,
                             RECYCLE_STOP_TIMEOUT_S)
-                kill_tree(worker.pid)  # still our unreaped child: its pid cannot have been reused
+                self._kill_tree(worker)  # still our unreaped child: its pid cannot have been reused
             worker.process.join(1.0)
             worker.conn.close()
+            self._release_cgroup(worker)
         self._retiring = still
 
     def _vacate(self, worker: Worker, died_before_ready: bool, maintain: bool = True) -> None:
@@ -421,6 +500,8 @@ class Pool:
             self._reap_orphans()
         if self._retiring:
             self._reap_retiring(now)
+        if self._cgroups_to_remove:
+            self._remove_cgroups()
         vacated = False
         for slot in list(self.workers):
             worker = self.workers[slot]
@@ -432,9 +513,10 @@ class Pool:
             elif worker is not None and worker.ready is None and now - worker.started_mono > self.ready_timeout_s:
                 log.error("worker slot %d: child %d not ready after %.0f s (a plugin hangs at import?); killing it",
                           slot, worker.pid, self.ready_timeout_s)
-                kill_tree(worker.pid)
+                self._kill_tree(worker)
                 worker.process.join(1.0)
                 worker.conn.close()
+                self._release_cgroup(worker)
                 culprit = self._blame_import(
                     worker, f"its import had not finished after {self.ready_timeout_s:g} s (the worker was killed)")
                 self._vacate(worker, died_before_ready=culprit is None, maintain=False)
@@ -448,6 +530,8 @@ class Pool:
         times += [w.started_mono + self.ready_timeout_s - now for w in self.workers.values()
                   if w is not None and w.ready is None]
         times += [kill_after - now for _, kill_after in self._retiring]
+        if self._cgroups_to_remove:  # killed processes end within milliseconds: look again soon
+            times.append(0.05)
         return max(0.0, min(times, default=3600.0))
 
 

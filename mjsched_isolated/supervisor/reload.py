@@ -134,7 +134,7 @@ class PluginReloader:
         log.info("plugin reload: %s; loading the new plugin code in a probe worker", why)
         self._probe = Pool(1, self.pool.plugins_dir, log_level=self.pool.log_level,
                            ready_timeout_s=self.pool.ready_timeout_s, import_timeout_s=self.pool.import_timeout_s,
-                           log_format=self.pool.log_format)
+                           log_format=self.pool.log_format, cgroups_mode=self.pool.cgroups_mode)
         self._probe_give_up = mono + self.pool.ready_timeout_s * 2
         self._probe.start()
 

@@ -15,6 +15,12 @@ A :class:`Meter` is created just before the plugin runs and read just after it r
   it (``RUSAGE_SELF.ru_maxrss`` grew), else None: a figure from an earlier run is never reported as this
   one's. systemd's ``MemoryPeak=``, cgroup v2's ``memory.peak``.
 
+Where the worker has a cgroup (:mod:`mjsched_isolated.cgroups`), ``cpu_s`` is the cgroup's CPU time during
+the run (v2 ``cpu.stat``: every process of the tree, those the run left running and those that started a
+session of their own included), and ``max_rss_mb`` the larger of the figure above and the peak memory
+charged to the cgroup during the run (v2 ``memory.peak``, v1 ``memory.max_usage_in_bytes``, reset before
+the run: the whole tree together, page cache included) where a memory cgroup is used.
+
 Runs that are killed (deadline, cancel, a crash) send no result, so they have no figures.
 """
 
@@ -23,6 +29,8 @@ from __future__ import annotations
 import os
 import resource
 import sys
+
+from mjsched_isolated import cgroups
 
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
 _MIB = 1024 * 1024
@@ -66,7 +74,10 @@ class Meter:
     """Measures one run: created just before the plugin runs (takes the starting figures and resets the
     worker's peak memory), :meth:`stop` just after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup: cgroups.WorkerCgroup | None = None) -> None:
+        self._cgroup = cgroup
+        self._cgroup_cpu = cgroup.cpu_s() if cgroup is not None else None
+        self._cgroup_peak = cgroup is not None and cgroup.memory_dir is not None and cgroup.reset_memory_peak()
         self._peak_reset = _reset_peak()
         self._self = resource.getrusage(resource.RUSAGE_SELF)
         self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -84,4 +95,11 @@ class Meter:
             peak_bytes = own.ru_maxrss * _MAXRSS_UNIT
         if children.ru_maxrss > self._children.ru_maxrss:
             peak_bytes = max(peak_bytes or 0, children.ru_maxrss * _MAXRSS_UNIT)
+        if self._cgroup is not None:
+            if self._cgroup_cpu is not None:
+                end = self._cgroup.cpu_s()
+                if end is not None:
+                    cpu_s = max(cpu_s, end - self._cgroup_cpu)  # the whole tree (never less than rusage says)
+            if self._cgroup_peak:
+                peak_bytes = max(peak_bytes or 0, self._cgroup.memory_peak() or 0)
         return round(cpu_s, 3), None if peak_bytes is None else round(peak_bytes / _MIB, 1)

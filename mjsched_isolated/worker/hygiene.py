@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from mjsched_isolated import proctree
+from mjsched_isolated import cgroups, proctree
 
 log = logging.getLogger("mjsched.child")
 
@@ -150,7 +150,8 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: bool = False) -> list[int]:
+def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: bool = False,
+                   cgroup: cgroups.WorkerCgroup | None = None) -> list[int]:
     """Kill what a finished run left running: this worker's descendants and the members of its session
     (a daemonised subprocess re-parented to init stays in it, even in a process group of its own), except
     the watchdog. Zombies are reaped, not logged. Returns the pids found.
@@ -159,22 +160,30 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
     process a run started and left behind, even one that started its own session, is still below it; when
     the worker has no child but the watchdog (the common case) nothing was left and no process table is
     scanned (a few reads of ``/proc/self``). Without it, only a process that started its own session and
-    was re-parented to init escapes."""
+    was re-parented to init escapes.
+
+    ``cgroup``: this worker's cgroup (:mod:`~mjsched_isolated.cgroups`): when something was left, every
+    process in it but the worker and its watchdog is a leftover, wherever it moved in the process tree; one
+    read of ``cgroup.procs`` finds them all, and they are killed together with those they fork meanwhile."""
     me = os.getpid()
-    if subreaper:
+    if subreaper:  # everything the run started and left is still below this worker: nothing left, no scan
         children = proctree.own_children()
         if children is not None and not children - {watchdog_pid}:
             return []
+    if cgroup is not None:
+        left = sorted(cgroup.pids() - {me, watchdog_pid})
+        for pid in left:
+            _log_leftover(pid, run_id, job_name)
+        if left:
+            cgroup.kill(exclude={me, watchdog_pid})
+        if subreaper:
+            _reap_children(watchdog_pid)
+        return left
     found: list[psutil.Process] = []
     for pid in sorted(proctree.session_and_descendants(me) - {watchdog_pid}):
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:  # a zombie is already over, only not reaped: reap it below
-                what = " ".join(proc.cmdline())[:120] or proc.name()
-                log.warning("run %d of job %s left process %d running (%s); killed", run_id, job_name, pid, what)
-        except psutil.Error:
-            continue
-        found.append(proc)
+        proc = _log_leftover(pid, run_id, job_name)
+        if proc is not None:
+            found.append(proc)
     proctree.signal_all(found)
     if subreaper:
         _reap_children(watchdog_pid)
@@ -183,6 +192,19 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
         if mine:
             psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
     return [p.pid for p in found]
+
+
+def _log_leftover(pid: int, run_id: int, job_name: str) -> psutil.Process | None:
+    """Log that the run left ``pid`` running (not a zombie: it is already over, only not reaped); None if
+    it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            what = " ".join(proc.cmdline())[:120] or proc.name()
+            log.warning("run %d of job %s left process %d running (%s); killed", run_id, job_name, pid, what)
+    except psutil.Error:
+        return None
+    return proc
 
 
 def _reap_children(watchdog_pid: int) -> None:

@@ -16,16 +16,34 @@ share; a cgroup is what bounds a whole tree):
 
 Only soft limits are changed (raising a soft limit back up to the hard one needs no privilege). A limit
 that cannot be put back (nice lowered again without privilege) makes the worker retire after the run.
+
+Rlimits are per process and a command the run starts inherits the worker's *soft* values, which are
+relative to what the worker had used: on an old worker a command could use more than on a fresh one
+(issue 14). Where the worker has a cgroup (:mod:`mjsched_isolated.cgroups`) the two tree-wide limits do not
+depend on the worker's age:
+
+- ``max_memory_mb``: the cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) is set to
+  what the cgroup holds when the run starts plus ``max_memory_mb``, for the whole tree together; the kernel
+  kills a process of the tree at it (the run is recorded ``memory limit N MB exceeded``).
+- ``max_processes``: the cgroup's ``pids.max`` (v2 ``pids`` controller, else the v1 ``pids`` hierarchy) is
+  set to the tasks (processes and threads) in it when the run starts plus ``max_processes``: a fork past it
+  fails (``EAGAIN``), also for root, whom ``RLIMIT_NPROC`` does not bind (systemd's ``TasksMax=``).
+- ``max_cpu_s``: the worker's watchdog reads the cgroup's CPU time (v2 ``cpu.stat``, every
+  :data:`~mjsched_isolated.worker.watchdog.PARENT_CHECK_INTERVAL_S`) and at ``max_cpu_s`` of the whole tree
+  since the run started sends SIGXCPU to every process of it (the kernel's signal for ``RLIMIT_CPU``), so
+  the plugin raises :class:`CpuLimitExceeded` and its commands end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import signal
 from typing import Any
 
+from mjsched_isolated import cgroups
 from mjsched_isolated.protocol import RunLimits
 
 _RLIMITS = {"max_memory_mb": resource.RLIMIT_DATA, "max_cpu_s": resource.RLIMIT_CPU,
@@ -45,11 +63,23 @@ class Applied:
         self.nice: int | None = None
         self.xcpu_handler: Any = None
         self.errors: list[str] = []
+        self.cgroup: cgroups.WorkerCgroup | None = None  # its memory limit was set for this run
+        self.pids_cgroup: cgroups.WorkerCgroup | None = None  # its pids.max was set for this run
+        self.oom_kills = 0  # the cgroup's count when the run started
 
 
-def apply(limits: RunLimits | None) -> Applied | None:
-    """Set ``limits`` on this process (None: nothing to do). A limit the platform refuses is noted in
-    ``errors`` (logged by the caller) and the run goes on without it."""
+def apply(limits: RunLimits | None, cgroup: cgroups.WorkerCgroup | None = None,
+          cpu_budget: Any = None) -> Applied | None:
+    """Set ``limits`` on this process (None: nothing to do), and on its ``cgroup`` (memory) where there is
+    one. ``cpu_budget``: a shared array of two doubles the watchdog reads, set here to the cgroup's CPU
+    seconds now and the limit (``inf``: none). A limit the platform refuses is noted in ``errors`` (logged
+    by the caller) and the run goes on without it."""
+    if cpu_budget is not None:
+        cpu_budget[1] = math.inf
+    if limits is not None and limits.max_cpu_s is not None and cgroup is not None and cpu_budget is not None:
+        start = cgroup.cpu_s()
+        if start is not None:
+            cpu_budget[0], cpu_budget[1] = start, float(limits.max_cpu_s)
     if limits is None or not any(getattr(limits, f) is not None for f in limits.__struct_fields__):
         return None
     applied = Applied(limits)
@@ -73,6 +103,19 @@ def apply(limits: RunLimits | None) -> Applied | None:
         applied.rlimits[which] = (soft, hard)
     if limits.max_cpu_s is not None:
         applied.xcpu_handler = signal.signal(signal.SIGXCPU, _on_xcpu(limits.max_cpu_s))
+    if limits.max_memory_mb is not None and cgroup is not None and cgroup.memory_dir is not None:
+        now = cgroup.memory_now()
+        if now is not None and cgroup.set_memory_limit(now + limits.max_memory_mb * 1024 * 1024):
+            applied.cgroup = cgroup
+            applied.oom_kills = cgroup.oom_kills() or 0
+        else:
+            applied.errors.append(f"max_memory_mb: the cgroup memory limit could not be set ({cgroup.memory_dir})")
+    if limits.max_processes is not None and cgroup is not None and cgroup.pids_dir is not None:
+        tasks = cgroup.pids_now()
+        if tasks is not None and cgroup.set_pids_limit(tasks + limits.max_processes):
+            applied.pids_cgroup = cgroup
+        else:
+            applied.errors.append(f"max_processes: the cgroup's pids.max could not be set ({cgroup.pids_dir})")
     if limits.nice is not None:
         try:
             applied.nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -88,6 +131,10 @@ def restore(applied: Applied | None) -> str | None:
     if applied is None:
         return None
     failed = []
+    if applied.cgroup is not None and not applied.cgroup.set_memory_limit(None):
+        failed.append("cgroup memory limit")
+    if applied.pids_cgroup is not None and not applied.pids_cgroup.set_pids_limit(None):
+        failed.append("cgroup pids.max")
     for which, previous in applied.rlimits.items():
         try:
             resource.setrlimit(which, previous)
@@ -117,6 +164,31 @@ def describe(exc: BaseException, applied: Applied | None) -> str | None:
     if isinstance(exc, OSError) and exc.errno == 11 and applied.limits.max_processes is not None:  # EAGAIN fork
         return f"process limit {applied.limits.max_processes} exceeded ({exc})"
     return None
+
+
+def memory_verdict(applied: Applied | None) -> str | None:
+    """``memory limit N MB exceeded (...)`` when the kernel killed a process of the run at the cgroup's
+    memory limit during it (a command the plugin started), else None. Called before :func:`restore`."""
+    if applied is None or applied.cgroup is None:
+        return None
+    killed = (applied.cgroup.oom_kills() or 0) - applied.oom_kills
+    if killed <= 0:
+        return None
+    return (f"memory limit {applied.limits.max_memory_mb} MB exceeded: the kernel killed {killed} process(es) "
+            "of the run at its cgroup's memory limit")
+
+
+def cpu_verdict(applied: Applied | None, cpu_budget: Any) -> str | None:
+    """``CPU time limit N s exceeded (...)`` when the watchdog found the run's processes together over
+    ``max_cpu_s`` (it marks ``cpu_budget[1]`` with -1 when it sends SIGXCPU), else None. Resets the
+    budget: no limit until the next run sets one."""
+    if cpu_budget is None:
+        return None
+    fired, cpu_budget[1] = cpu_budget[1] < 0, math.inf
+    if not fired or applied is None:
+        return None
+    return (f"CPU time limit {applied.limits.max_cpu_s} s exceeded by the run's processes together (its cgroup's "
+            "CPU time): SIGXCPU sent to them")
 
 
 def _on_xcpu(max_cpu_s: float) -> Any:

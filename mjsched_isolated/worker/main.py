@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -26,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from mjsched_isolated import logs, proctree, protocol
+from mjsched_isolated import cgroups, logs, proctree, protocol
 from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
 from mjsched_isolated.worker.execute import run, validate
 from mjsched_isolated.worker.inbox import Inbox
@@ -39,30 +40,46 @@ log = logging.getLogger("mjsched.child")
 
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
-         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024) -> None:
+         skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024,
+         cgroup: cgroups.WorkerCgroup | None = None, terminating: Any = None) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
     monotonic time after which the supervisor's lease can no longer be trusted (see
     :mod:`~mjsched_isolated.supervisor.liveness`). ``skip_modules``: plugin modules not to import (an
     earlier child died importing them) -> why. ``max_run_output_bytes``: what a run's output keeps (first
-    and last halves; see :mod:`~mjsched_isolated.worker.output`)."""
+    and last halves; see :mod:`~mjsched_isolated.worker.output`). ``cgroup``: this worker's own cgroup
+    (:mod:`~mjsched_isolated.cgroups`; the supervisor has moved it there already, joining again is a
+    no-op), or None: cgroups are not used. ``terminating``: a shared byte the supervisor sets to 1 before
+    it sends SIGTERM at the run's deadline (see :func:`_on_sigterm`)."""
+    global _terminating
+    _terminating = terminating
+    cgroup_error = None
+    if cgroup is not None:
+        try:
+            cgroup.join()  # before the watchdog or anything else is forked: the whole tree is in it
+        except OSError as exc:
+            cgroup, cgroup_error = None, exc
     os.dup2(2, 1)  # stdout is the supervisor's (or the CLI's JSON output): plugin output goes to stderr
     os.setsid()  # own session and process group: the supervisor kills the group, grandchildren included
     # Shutdown is the supervisor's decision: a Ctrl-C or a SIGTERM sent to the whole process tree (systemd's
     # default KillMode=control-group) must not end a run the supervisor is draining. SIGTERM gets a no-op
     # handler rather than SIG_IGN, which plugin subprocesses would inherit across exec.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _ignore_signal)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     subreaper = proctree.become_subreaper()  # orphans of a run stay ours: found cheaply, killed, reaped
     busy = multiprocessing.RawValue("b", 0)  # shared with the watchdog: 1 while a run executes
-    watchdog_pid = watchdog.start(parent_pid, busy, fence_at)  # before any thread or plugin exists
+    cpu_budget = multiprocessing.RawArray("d", [0.0, math.inf])  # the run's cgroup CPU start and limit, s
+    watchdog_pid = watchdog.start(parent_pid, busy, fence_at, cgroup, cpu_budget)  # before any thread or plugin
     sender = PipeSender(conn)
     global _capture
     capture = _capture = OutputCapture(sender.send, max_run_output_bytes)
     capture.install()  # after the watchdog's fork: it keeps the real stderr
     logs.configure(log_level, log_format, worker_pid=os.getpid())
     capture.route_logging()
+    if cgroup_error is not None:
+        log.warning("worker %d could not join its cgroup (%s); its runs' leftovers are found without it",
+                    os.getpid(), cgroup_error)
     from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
@@ -81,17 +98,27 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
         if isinstance(message, protocol.ValidateRequest):
             sender.send(protocol.ValidateReply(error=validate(registry, message.job_type, message.configuration)))
         elif isinstance(message, protocol.RunRequest):
+            if terminating is not None:
+                terminating.value = 0  # set for an earlier run that ended before its SIGTERM came
             busy.value = 1
             logs.current_run = (message.job_name, message.run_id)  # JSON log lines carry job and run_id
             capture.begin(message.run_id)
-            applied = limits.apply(message.limits)
+            applied = limits.apply(message.limits, cgroup, cpu_budget)
             if applied is not None and applied.errors:
                 log.warning("run %d of job %s: limits not applied: %s", message.run_id, message.job_name,
                             "; ".join(applied.errors))
-            meter = accounting.Meter()
-            result = run(registry, message, sender, functools.partial(limits.describe, applied=applied),
-                         deadline_updates=functools.partial(inbox.deadline_for, message.run_id))
+            meter = accounting.Meter(cgroup)
+            global _in_run
+            _in_run = True
+            try:
+                result = run(registry, message, sender, functools.partial(limits.describe, applied=applied),
+                             deadline_updates=functools.partial(inbox.deadline_for, message.run_id))
+            finally:
+                _in_run = False
             cpu_s, max_rss_mb = meter.stop()
+            verdict = limits.memory_verdict(applied) or limits.cpu_verdict(applied, cpu_budget)
+            if verdict is not None and not result.success:  # a command of the run hit a tree-wide limit
+                result = msgspec.structs.replace(result, error_message=f"{verdict}; {result.error_message}"[:4000])
             retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result
             busy.value = 0
@@ -105,7 +132,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                     details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
                     retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb))
             # after the result (its recording overlaps), before the next run
-            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper)
+            hygiene.kill_leftovers(watchdog_pid, message.run_id, message.job_name, subreaper=subreaper,
+                                   cgroup=cgroup)
             logs.current_run = None
             if retiring is not None:  # the pool gives this child no other run; left threads must not hold it
                 logging.shutdown()
@@ -143,10 +171,25 @@ class PipeSender:
 
 
 _capture: OutputCapture | None = None  # for the SIGTERM handler
+_terminating: Any = None  # shared with the supervisor: 1 once it sent SIGTERM at the run's deadline
+_in_run = False  # the plugin's execute is running
 
 
-def _ignore_signal(_signum: int, _frame: object) -> None:
-    """SIGTERM in a worker: the run goes on (the supervisor decides; at a deadline it sends SIGTERM, then
-    SIGKILL after ``kill_grace_s``), but what the run wrote so far is sent now, so a killed run keeps it."""
+class Terminated(BaseException):
+    """Raised in a plugin that installed no SIGTERM handler of its own when the supervisor sends SIGTERM at
+    the run's deadline: the run ends at once instead of waiting ``kill_grace_s`` for SIGKILL (a
+    ``BaseException``, as ``KeyboardInterrupt``: an ``except Exception`` in the plugin does not keep it)."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    """SIGTERM in a worker. What the run wrote so far is sent now, so a killed run keeps it. From the
+    supervisor at the run's deadline (``terminating`` set), to a plugin that installed no SIGTERM handler
+    of its own (one that did has replaced this one), it raises :class:`Terminated` in the plugin: the run
+    ends within the grace, as a process with the default SIGTERM action would. Otherwise (a Ctrl-C or a
+    SIGTERM sent to the whole process tree, systemd's default ``KillMode=control-group``) the run goes on:
+    shutdown is the supervisor's decision."""
     if _capture is not None:
         _capture.flush_now()
+    if _in_run and _terminating is not None and _terminating.value:
+        _terminating.value = 0
+        raise Terminated("SIGTERM from the supervisor at the run's deadline")

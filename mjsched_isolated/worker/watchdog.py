@@ -14,21 +14,28 @@ when the worker exits.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import signal
 import time
 from typing import Any
 
 import psutil
 
-from mjsched_isolated import proctree
+from mjsched_isolated import cgroups, proctree
 
 PARENT_CHECK_INTERVAL_S = 0.1
 
 
-def start(supervisor_pid: int, busy: Any, fence_at: Any) -> int:
+def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerCgroup | None = None,
+          cpu_budget: Any = None) -> int:
     """Fork the watchdog of this (worker) process and return its pid. ``busy``: a shared byte, 1 while a
     run executes; ``fence_at``: a shared double, the monotonic time after which busy runs are killed (None:
-    no fence)."""
+    no fence); ``cgroup``: the worker's cgroup, killed whole (every process in it, whatever its session)
+    before the tree is; ``cpu_budget``: two shared doubles, the cgroup's CPU seconds when the run started
+    and the run's ``max_cpu_s`` (``inf``: none; see :mod:`mjsched_isolated.worker.limits`): at that much
+    CPU of the whole tree, the run's processes other than the worker get SIGXCPU and the budget is marked
+    -1 (the worker's own CPU is bounded by its ``RLIMIT_CPU``: with no other process, nothing is sent)."""
     worker_pid = os.getpid()
     pid = os.fork()
     if pid != 0:
@@ -44,5 +51,13 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any) -> int:
                 break
             if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
                 break
+            if busy.value and cgroup is not None and cpu_budget is not None and 0 <= cpu_budget[1] < math.inf:
+                used = cgroup.cpu_s()
+                if (used is not None and used - cpu_budget[0] >= cpu_budget[1]
+                        and cgroup.pids() - {worker_pid, os.getpid()}):
+                    cpu_budget[1] = -1.0
+                    cgroup.signal(signal.SIGXCPU, exclude={worker_pid, os.getpid()})
+        if cgroup is not None:
+            cgroup.kill(exclude={os.getpid()})
         proctree.kill_tree(worker_pid)
     os._exit(0)
