@@ -22,6 +22,9 @@ from mjsched_isolated.store.predicates import lease_free
 from mjsched_isolated.store.records import JobRow, OutboxRow, Values
 from mjsched_isolated.store.schema import jobs, runs
 
+WAITING_MODES = (ConcurrencyMode.QUEUE, ConcurrencyMode.QUEUE_ALL, ConcurrencyMode.REPLACE)
+"""Modes whose due occurrence waits, not due, while the job's lease is live."""
+
 
 def _job_rows(result: sa.CursorResult[Any]) -> list[JobRow]:
     return [cast(JobRow, dict(r)) for r in result.mappings()]
@@ -126,9 +129,10 @@ class Jobs:
 
     # -- what the poll loop reads ------------------------------------------------------------------
     def _dispatchable(self, exclude: AbstractSet[int]) -> list[sa.ColumnElement[bool]]:
-        """Active, scheduled, not excluded, and not waiting: a Queue job (or a RunAll job, which never
-        drops an occurrence) waits while its lease is live."""
-        queue_waiting = sa.and_(sa.or_(jobs.c.concurrency_mode == ConcurrencyMode.QUEUE,
+        """Active, scheduled, not excluded, and not waiting: a Queue, QueueAll or Replace job (or a RunAll
+        job, which never drops an occurrence) waits while its lease is live (a Replace job's run is being
+        cancelled: its occurrence starts once the lease is released)."""
+        queue_waiting = sa.and_(sa.or_(jobs.c.concurrency_mode.in_(WAITING_MODES),
                                        jobs.c.missed_run_policy == MissedRunPolicy.RUN_ALL),
                                 sa.not_(lease_free(self.dialect)))
         conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), sa.not_(queue_waiting)]
@@ -156,15 +160,17 @@ class Jobs:
                 .order_by(jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
                 .limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
-    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
-                           ) -> list[JobRow]:
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
+                           mode: str = ConcurrencyMode.SKIP) -> list[JobRow]:
         """Due Active jobs whose occurrence must be skipped because their run is live: ``concurrency_mode``
         Skip (not RunAll, which waits) and the job lease held by a live supervisor, oldest due first, at most
         ``limit``. One index range on ``(status, next_run_at)`` up to ``now``, like :meth:`due_jobs`: the
-        supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12)."""
+        supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12). ``mode``
+        Replace: the due Replace jobs whose run is live (to be replaced; RunAll ones too)."""
         conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), jobs.c.next_run_at <= now,
-                 jobs.c.concurrency_mode == ConcurrencyMode.SKIP,
-                 jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL, sa.not_(lease_free(self.dialect))]
+                 jobs.c.concurrency_mode == mode, sa.not_(lease_free(self.dialect))]
+        if mode == ConcurrencyMode.SKIP:
+            conds.append(jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL)
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))
         query = sa.select(jobs).where(*conds).order_by(jobs.c.next_run_at, jobs.c.id).limit(limit)
