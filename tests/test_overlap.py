@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import add_job
+from clirun import Cli, error_line
+from conftest import FIXTURE_PLUGINS, add_job
 from waiting import wait_gone
 
 from mjsched_isolated import planner
+from mjsched_isolated.client import Client
+from mjsched_isolated.enums import ConcurrencyMode
 from mjsched_isolated.errors import InputError
 from mjsched_isolated.jobspec import JobSpec, check
 from mjsched_isolated.supervisor import utcnow
@@ -87,6 +90,22 @@ def test_max_queued_is_checked():
     with pytest.raises(InputError, match=r"^concurrency_mode: must be one of Skip, Queue, Concurrent, Replace, "
                                          r"QueueAll, got 'BufferAll'$"):
         check(JobSpec(name="q", job_type="ok", cron_expression=EVERY_SECOND, concurrency_mode="BufferAll"))
+
+
+def test_cli_and_client_set_the_new_modes_and_refuse_a_bad_bound(db_url, tmp_path, capsys, monkeypatch):
+    cli = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": FIXTURE_PLUGINS})
+    result = cli("jobs", "add", "q", "--type", "ok", "--cron", YEARLY, "--concurrency-mode", "QueueAll",
+                 "--max-queued", "0", expect=2)
+    assert error_line(result) == "error: max_queued: must be between 1 and 1000, got 0" and result.stdout == ""
+    cli("jobs", "add", "q", "--type", "ok", "--cron", YEARLY, "--concurrency-mode", "QueueAll", "--max-queued", "3")
+    cli("jobs", "update", "q", "--concurrency-mode", "Replace")
+    shown = json.loads(cli("jobs", "show", "q", "--json").stdout)
+    assert (shown["concurrency_mode"], shown["max_queued"]) == ("Replace", 3)
+    with Client(db_url, plugins_dir=FIXTURE_PLUGINS) as client:
+        job = client.add_job("c", job_type="ok", cron_expression=YEARLY, concurrency_mode="QueueAll", max_queued=5)
+        assert (job.concurrency_mode, job.max_queued) == (ConcurrencyMode.QUEUE_ALL, 5)
+        with pytest.raises(InputError, match=r"^max_queued: "):
+            client.update_job("c", max_queued=1001)
 
 
 # == one supervisor, FakePool and the in-memory store ==========================================================
