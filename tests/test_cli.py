@@ -205,8 +205,9 @@ def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path
     assert store.get_job("stuck")["lock_token"] is None
 
 
-def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store):
-    job = add_job(store, "q", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1), concurrency_mode="Queue")
+@pytest.mark.parametrize("mode", ["Queue", "QueueAll"])
+def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store, mode):
+    job = add_job(store, "q", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1), concurrency_mode=mode)
     now = utcnow()
     store.register_supervisor("otherhost-8", "otherhost", 8, ttl_s=600)
     assert store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-8", lease_s=600,
