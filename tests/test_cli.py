@@ -258,7 +258,8 @@ def test_every_option_has_help_choices_where_closed_and_no_rest_markup(cli):
         assert action.help, f"{path} {action.option_strings or action.dest} has no help"
         assert "``" not in action.help and ":class:" not in action.help and ":func:" not in action.help, action.help
     choices = {(path, a.dest): list(a.choices) for path, a in _actions(parser) if a.choices}
-    assert choices[("mjsched jobs add", "job:concurrency_mode")] == ["Skip", "Queue", "Concurrent"]
+    assert choices[("mjsched jobs add", "job:concurrency_mode")] == ["Skip", "Queue", "Concurrent", "Replace",
+                                                                     "QueueAll"]
     assert choices[("mjsched jobs update", "job:missed_run_policy")] == ["Skip", "RunOnce", "RunAll"]
     assert "Failed" in choices[("mjsched runs list", "status")]
     text = cli("--help").stdout + cli("jobs", "add", "--help").stdout
