@@ -153,7 +153,7 @@ class RunGuard:
         concurrency_mode Replace), else retried only if the job's ``retry_on`` lists Cancelled."""
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
-        self.metrics.run_killed("cancel")
+        self.metrics.run_killed("cancel" if retry else "replace")
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
                     extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False,
