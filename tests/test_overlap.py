@@ -181,6 +181,37 @@ def test_replace_after_a_late_poll_runs_the_newest_occurrence_and_counts_the_old
     _check_replaced(store, d, "r", 1)
 
 
+def test_replace_runs_the_newest_occurrence_when_a_newer_one_came_due_before_the_freed_slot_was_ready(
+        mem_store, fake_factory):
+    """The replaced run's worker is respawned slowly (a loaded machine): a newer occurrence comes due before
+    the new run can start. The newest runs, the one that replaced the run is counted skipped (superseded),
+    not folded into a catch-up of the older occurrence."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    first = _whole_second(utcnow()) + dt.timedelta(seconds=1)
+    add_job(store, "r", "ok", EVERY_SECOND, concurrency_mode="Replace", next_run_at=first)
+    at = d.timeline()
+    t0 = at(0)
+
+    def at_abs(when: dt.datetime) -> None:
+        at((when - t0).total_seconds())
+
+    at_abs(first + dt.timedelta(milliseconds=50))
+    d.pool.refill = False  # the killed worker's slot stays empty for a while
+    at_abs(first + dt.timedelta(seconds=1, milliseconds=50))
+    assert [r["status"] for r in _runs(store, "r")] == ["Cancelled"]
+    at_abs(first + dt.timedelta(seconds=2, milliseconds=50))  # a newer occurrence came due meanwhile
+    d.pool.refill = True
+    d.pool._spawn(0)
+    at_abs(first + dt.timedelta(seconds=2, milliseconds=100))
+    runs = _runs(store, "r")
+    assert [(r["status"], r["scheduled_at"]) for r in runs] == [("Cancelled", first),
+                                                                ("Running", first + dt.timedelta(seconds=2))]
+    job = store.get_job("r")
+    assert (job["skipped_count"], job["missed_count"]) == (1, 0) and runs[1]["missed_count"] == 0
+
+
 def test_queue_all_runs_what_came_due_during_the_live_run_in_order_up_to_max_queued(mem_store, fake_factory):
     """max_queued 2; a run lasts about 4.5 s: four occurrences come due meanwhile. The oldest two are skipped
     (counted), the newest two run one after the other (``queued_at`` set), then the job is on time again."""

@@ -340,8 +340,10 @@ class Dispatcher:
         missed-run policy decides (:func:`planner.decide`). Raises what the planner raises."""
         if job["concurrency_mode"] == "QueueAll":
             return planner.queue_all_next(job, now)
-        if job["concurrency_mode"] == "Replace" and job["id"] in self.replacing and job["next_run_at"] is not None:
-            newest = planner.newest_due(job, now) or job["next_run_at"]
+        replaced_for = self.replacing.pop(job["id"], None)
+        # only while nobody moved the job since (else the replacement is over: another supervisor claimed it)
+        if job["concurrency_mode"] == "Replace" and replaced_for is not None and replaced_for == job["next_run_at"]:
+            newest = planner.newest_due(job, now) or replaced_for
             return planner.Overlap(scheduled_at=newest, next_run_at=planner.next_after_claim(job, newest))
         return None
 
