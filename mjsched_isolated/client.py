@@ -63,6 +63,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     last_duration_ms: float | None = None
     avg_duration_ms: float | None = None
     concurrency_mode: ConcurrencyMode = ConcurrencyMode.SKIP
+    max_queued: int = 10
     missed_run_policy: MissedRunPolicy = MissedRunPolicy.RUN_ONCE
     max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
@@ -181,9 +182,9 @@ class Client:
     def add_job(self, name: str, *, job_type: str, cron_expression: str, timezone: str = "UTC",
                 configuration: dict[str, Any] | None = None, **fields: Any) -> Job:
         """Create job ``name`` (Active unless ``status=`` says otherwise). ``fields``: the other job
-        fields by their store names (``concurrency_mode``, ``missed_run_policy``, ``max_jitter_s``,
-        ``max_runtime_minutes``, the resource limits ``max_memory_mb``, ``max_cpu_s``, ``max_open_files``,
-        ``max_processes``, ``nice``, ``start_at``/``end_at`` (datetimes; naive ones are read in
+        fields by their store names (``concurrency_mode``, ``max_queued``, ``missed_run_policy``,
+        ``max_jitter_s``, ``max_runtime_minutes``, the resource limits ``max_memory_mb``, ``max_cpu_s``,
+        ``max_open_files``, ``max_processes``, ``nice``, ``start_at``/``end_at`` (datetimes; naive ones are read in
         ``timezone``), ``notify_*``, ``description``, ``run_immediately_if_never_run``, and the time
         knobs ``dst_gap_policy``, ``dst_fold_policy``, ``missed_run_grace_s``, ``max_total_runtime_s``; retries
         ``max_retries``, ``retry_backoff_s``, ``retry_backoff_factor``, ``retry_backoff_max_s``,

@@ -32,11 +32,14 @@ class RunStatus(StrEnum):
 
 
 class ConcurrencyMode(StrEnum):
-    """``jobs.concurrency_mode``: what an occurrence does while a run of its job is live (reference §3)."""
+    """``jobs.concurrency_mode``: what an occurrence does while a run of its job is live (reference §3; the
+    last two from issue 12 point 7, Temporal's overlap policies)."""
 
-    SKIP = "Skip"
-    QUEUE = "Queue"
-    CONCURRENT = "Concurrent"
+    SKIP = "Skip"  # Temporal Skip, Kubernetes Forbid
+    QUEUE = "Queue"  # Temporal BufferOne: one occurrence waits
+    CONCURRENT = "Concurrent"  # Temporal AllowAll, Kubernetes Allow
+    REPLACE = "Replace"  # Temporal TerminateOther, Kubernetes Replace: the live run is cancelled
+    QUEUE_ALL = "QueueAll"  # Temporal BufferAll: up to max_queued occurrences wait, run in order
 
 
 class MissedRunPolicy(StrEnum):

@@ -51,6 +51,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     start_at: dt.datetime | None = None
     end_at: dt.datetime | None = None
     concurrency_mode: str = "Skip"
+    max_queued: int = planner.DEFAULT_MAX_QUEUED  # QueueAll: at most this many occurrences wait
     missed_run_policy: str = "RunOnce"
     max_jitter_s: float | None = None
     run_immediately_if_never_run: bool = False
@@ -131,6 +132,8 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("status", f"must be one of {', '.join(JOB_STATUSES)}, got {spec.status!r}")
     if spec.concurrency_mode not in CONCURRENCY_MODES:
         fail("concurrency_mode", f"must be one of {', '.join(CONCURRENCY_MODES)}, got {spec.concurrency_mode!r}")
+    if not 1 <= spec.max_queued <= planner.MAX_QUEUED:
+        fail("max_queued", f"must be between 1 and {planner.MAX_QUEUED}, got {spec.max_queued}")
     if spec.missed_run_policy not in MISSED_RUN_POLICIES:
         fail("missed_run_policy", f"must be one of {', '.join(MISSED_RUN_POLICIES)}, got {spec.missed_run_policy!r}")
     if spec.max_jitter_s is not None and not 0 <= spec.max_jitter_s <= 86400:

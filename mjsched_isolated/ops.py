@@ -396,7 +396,7 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
         pool.close()
     if run_id is not None:
         return RunOutcome(run_id=run_id, was_paused=paused)
-    if job["concurrency_mode"] == ConcurrencyMode.QUEUE:
+    if job["concurrency_mode"] in (ConcurrencyMode.QUEUE, ConcurrencyMode.QUEUE_ALL):
         store.queue_now(job["id"], utcnow())
         return RunOutcome(run_id=None, queued=True, was_paused=paused)
     current = store.get_job(name)

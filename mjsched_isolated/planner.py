@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from mjsched_isolated.cron import DEFAULT_DST_FOLD, DEFAULT_DST_GAP, min_interval_s, next_run_time
+from mjsched_isolated.isotime import iso
 
 Row = Mapping[str, Any]
 """A job's columns by name, read only: a :class:`~mjsched_isolated.store.records.JobRow` or plain values."""
@@ -233,12 +234,86 @@ def hard_deadline(job: Row, started_at: dt.datetime) -> dt.datetime | None:
 
 
 def queued_at(job: Row, scheduled_at: dt.datetime | None) -> dt.datetime | None:
-    """For a Queue job, the occurrence time if it had to wait for the previous run (which finished
-    after it came due), else None."""
+    """For a Queue or QueueAll job, the occurrence time if it had to wait for the previous run (which
+    finished after it came due), else None."""
     last = job.get("last_run_at")
-    if job.get("concurrency_mode") == "Queue" and scheduled_at and last and last > scheduled_at:
+    if job.get("concurrency_mode") in ("Queue", "QueueAll") and scheduled_at and last and last > scheduled_at:
         return scheduled_at
     return None
+
+
+DEFAULT_MAX_QUEUED = 10
+"""QueueAll's bound when a job does not set ``max_queued``."""
+MAX_QUEUED = 1000
+"""The largest ``max_queued`` accepted (Temporal bounds its BufferAll buffer too)."""
+
+
+class Overlap(msgspec.Struct, frozen=True):
+    """A QueueAll or Replace decision about a due job: run occurrence ``scheduled_at`` (``next_run_at`` is the
+    job's next one after it). When ``scheduled_at`` is later than the job's due ``next_run_at``, the
+    occurrences from that one up to ``scheduled_at`` (excluded) are skipped first (by concurrency)."""
+
+    scheduled_at: dt.datetime
+    next_run_at: dt.datetime | None
+
+
+def queue_all_next(job: Row, now: dt.datetime) -> Overlap | None:
+    """QueueAll (Temporal's BufferAll, bounded): the occurrence to run for a due job whose occurrence
+    ``next_run_at`` waited for a live run, i.e. is not after ``last_run_at`` (the end of the last run: the
+    rule of :func:`queued_at`). The occurrences that came due meanwhile, up to ``min(last_run_at, now)``,
+    are its queue: they run oldest first, one claim each (``next_run_at`` moves to the following
+    occurrence, not past ``now``). When more than ``max_queued`` (default :data:`DEFAULT_MAX_QUEUED`) wait,
+    the oldest are skipped and the newest ``max_queued`` kept, so a job whose runs always outlast its
+    interval runs recent occurrences, not ever older ones (found by looking back, never by enumerating the
+    backlog). None when the job is not QueueAll or its occurrence did not wait for a run: then the
+    missed-run policy decides it (:func:`decide`), as for Queue. Raises :class:`CronError`."""
+    scheduled, last = job.get("next_run_at"), job.get("last_run_at")
+    if job.get("concurrency_mode") != "QueueAll" or scheduled is None or last is None or scheduled > last:
+        return None
+    bound = max(1, int(job.get("max_queued") or DEFAULT_MAX_QUEUED))
+    following = occurrence_after(job, scheduled)
+    kept = scheduled
+    # bound occurrences after the due one also waited: the queue is longer than the bound
+    oldest_kept = nth_latest_occurrence(job["cron_expression"], job["timezone"], min(last, now), bound,
+                                        not_before=following, dst=dst_policies(job))
+    if oldest_kept is not None:
+        kept = _within_end(job, oldest_kept) or scheduled
+        following = occurrence_after(job, kept)
+    return Overlap(scheduled_at=kept, next_run_at=_within_end(job, following))
+
+
+def newest_due(job: Row, now: dt.datetime) -> dt.datetime | None:
+    """Replace: the job's newest occurrence due at ``now`` (delayed by its jitter, as ``next_run_at`` values
+    are) when it is later than its due ``next_run_at``, else None (``next_run_at`` is the newest, or not
+    due). The occurrences before it are superseded: a Replace job runs its newest occurrence (Kubernetes'
+    ``concurrencyPolicy: Replace`` starts the newest Job). Raises :class:`CronError`."""
+    scheduled = job.get("next_run_at")
+    if scheduled is None or scheduled > now:
+        return None
+    following = occurrence_after(job, scheduled)
+    for n in (1, 2):  # the latest occurrence may not be due yet once delayed by its jitter
+        base = nth_latest_occurrence(job["cron_expression"], job["timezone"], now, n, not_before=following,
+                                     dst=dst_policies(job))
+        if base is None:
+            return None
+        when = _within_end(job, base)
+        if when is not None and when <= now:
+            return when if when > scheduled else None
+    return None
+
+
+REPLACED_BY = "replaced by occurrence "
+"""How a run cancelled by Replace names its cause (``cancel_requested_by`` and the run's error message)."""
+
+
+def replaced_by(occurrence: dt.datetime) -> str:
+    """``cancel_requested_by`` of a run that occurrence ``occurrence`` (aware UTC) replaces."""
+    return f"{REPLACED_BY}{iso(occurrence)} (concurrency_mode Replace)"
+
+
+def is_replacement(requested_by: str | None) -> bool:
+    """True when a cancel request was made by Replace (:func:`replaced_by`): such a run is never retried."""
+    return requested_by is not None and requested_by.startswith(REPLACED_BY)
 
 
 def jitter_s(job: Row, occurrence: dt.datetime) -> float:

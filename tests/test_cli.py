@@ -208,8 +208,9 @@ def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path
     assert store.get_job("stuck")["lock_token"] is None
 
 
-def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store):
-    job = add_job(store, "q", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1), concurrency_mode="Queue")
+@pytest.mark.parametrize("mode", ["Queue", "QueueAll"])
+def test_jobs_run_of_a_queue_job_whose_run_is_live_queues_it(cli, store, mode):
+    job = add_job(store, "q", "ok", "0 0 1 1 *", next_run_at=utcnow() + dt.timedelta(days=1), concurrency_mode=mode)
     now = utcnow()
     store.register_supervisor("otherhost-8", "otherhost", 8, ttl_s=600)
     assert store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-8", lease_s=600,
@@ -260,7 +261,8 @@ def test_every_option_has_help_choices_where_closed_and_no_rest_markup(cli):
         assert action.help, f"{path} {action.option_strings or action.dest} has no help"
         assert "``" not in action.help and ":class:" not in action.help and ":func:" not in action.help, action.help
     choices = {(path, a.dest): list(a.choices) for path, a in _actions(parser) if a.choices}
-    assert choices[("mjsched jobs add", "job:concurrency_mode")] == ["Skip", "Queue", "Concurrent"]
+    assert choices[("mjsched jobs add", "job:concurrency_mode")] == ["Skip", "Queue", "Concurrent", "Replace",
+                                                                     "QueueAll"]
     assert choices[("mjsched jobs update", "job:missed_run_policy")] == ["Skip", "RunOnce", "RunAll"]
     assert "Failed" in choices[("mjsched runs list", "status")]
     text = cli("--help").stdout + cli("jobs", "add", "--help").stdout

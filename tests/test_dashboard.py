@@ -252,6 +252,27 @@ def test_edit_is_validated_like_the_cli_and_nothing_is_written_on_error(make_cli
     assert "At 02:30" in page and "Europe/Berlin" in page
 
 
+def test_the_edit_form_and_filters_offer_every_concurrency_mode_and_max_queued(make_client, store):
+    """Issue 12 point 7: Replace and QueueAll (with its bound) are chosen in the edit form and the jobs
+    filter like the other modes; a bad bound is refused naming the field, and nothing is written."""
+    add_job(store, "alpha", "nap", "*/5 * * * *")
+    client = make_client()
+    token = csrf_of(client)
+    page = client.get("/jobs/alpha").text
+    assert ">Replace</option>" in page and ">QueueAll</option>" in page and 'name="max_queued"' in page
+    assert ">QueueAll</option>" in client.get("/jobs").text
+    form = client.post("/api/jobs/alpha/update", data={"csrf_token": token, "concurrency_mode": "QueueAll",
+                                                       "max_queued": "3", "next": "/jobs/alpha"})
+    assert form.status_code == 303 and "error" not in form.headers["location"]
+    job = store.get_job("alpha")
+    assert (job["concurrency_mode"], job["max_queued"]) == ("QueueAll", 3)
+    bad = client.post("/api/jobs/alpha/update", json={"max_queued": 0}, headers={"X-CSRF-Token": token})
+    assert bad.status_code == 400 and bad.json() == {"error": "max_queued: must be between 1 and 1000, got 0"}
+    assert store.get_job("alpha")["max_queued"] == 3
+    assert [j["name"] for j in client.get("/api/jobs?mode=QueueAll").json()["jobs"]] == ["alpha"]
+    assert client.get("/api/jobs?mode=Replace").json()["jobs"] == []
+
+
 # -- run now ----------------------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_run_now_answers_at_once_and_the_run_is_recorded(make_client, store):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,7 @@ LIMIT_COLUMNS = {"max_memory_mb", "max_cpu_s", "max_open_files", "max_processes"
 NEW_SUPERVISOR_COLUMNS = {"max_concurrent_jobs", "version"}  # 0008
 ACCOUNTING_COLUMNS = {"missed_count"}  # 0010, on jobs and runs
 LATE_RESULT_COLUMNS = {"late_status", "late_completed_at", "late_error_message", "late_details"}  # 0015
+OVERLAP_JOB_COLUMNS = {"max_queued"}  # 0013
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -147,9 +149,17 @@ def without_0002(reflected: dict) -> dict:
     notifications, run_output, plugin_reloads, audit_log; columns below; 0006's ix_runs_started_at)."""
     out = {k: v for k, v in reflected.items()
            if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
+
+    def before_0013(check: tuple) -> tuple:  # 0013 allowed two more concurrency modes
+        name, text = check
+        if name != "ck_concurrency_mode":
+            return check
+        return name, re.sub(r",\s*'(Replace|QueueAll)'(::character varying)?", "", text)
+
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS
-                                               | ACCOUNTING_COLUMNS | RETRY_JOB_COLUMNS}}
+                                               | ACCOUNTING_COLUMNS | RETRY_JOB_COLUMNS | OVERLAP_JOB_COLUMNS},
+                   "checks": sorted(before_0013(c) for c in out["jobs"]["checks"])}
 
     def before_0012(item: tuple) -> tuple:  # 0012 widened the occurrence's unique index by attempt
         if item == ("uq_runs_job_id_scheduled_at_attempt", ("job_id", "scheduled_at", "attempt"), True):
@@ -607,3 +617,36 @@ def test_0015_upgrade_keeps_every_run_and_old_runs_have_no_late_result(backend_u
         assert (run["late_status"], run["late_completed_at"], run["late_details"]) == ("Completed", ended, {"é": 1})
     finally:
         store.close()
+def test_0013_upgrade_keeps_rows_allows_replace_and_queue_all_and_downgrades_them(backend_url):
+    """0012 -> head with data: every row and column kept (on SQLite the jobs table is rebuilt), old jobs get
+    max_queued 10; Replace and QueueAll are accepted afterwards, another mode still refused by the CHECK
+    constraint; a downgrade turns them into Skip and Queue and refuses them again."""
+    engine = make_at(backend_url, "0012")
+    try:
+        fill(engine)
+        with engine.begin() as conn:  # a column of an earlier revision with a value, to see it kept
+            conn.execute(sa.text("UPDATE jobs SET max_retries = 3, paused_reason = 'x' WHERE id = 1"))
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.begin() as conn:
+            assert list(conn.execute(sa.select(jobs.c.max_queued).order_by(jobs.c.id)).scalars()) == [10, 10]
+            conn.execute(jobs.update().where(jobs.c.id == 1).values(concurrency_mode="Replace"))
+            conn.execute(jobs.update().where(jobs.c.id == 2).values(concurrency_mode="QueueAll", max_queued=3))
+        with pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError)), engine.begin() as conn:
+            conn.execute(jobs.update().where(jobs.c.id == 2).values(concurrency_mode="Everything"))
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":  # as migrate does: a table rebuild must not cascade
+                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                conn.commit()
+            command.downgrade(migrate.config(conn), "0012")
+            conn.commit()
+            modes = conn.execute(sa.text("SELECT concurrency_mode FROM jobs ORDER BY id")).scalars().all()
+            assert modes == ["Skip", "Queue"]
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM runs")).scalar() == len(schema.RUN_STATUSES)
+        with pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError)), engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET concurrency_mode = 'Replace' WHERE id = 1"))
+    finally:
+        engine.dispose()

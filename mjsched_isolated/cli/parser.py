@@ -32,7 +32,7 @@ from mjsched_isolated.enums import (
     RunStatus,
     values,
 )
-from mjsched_isolated.planner import RETRY_ON_CHOICES
+from mjsched_isolated.planner import DEFAULT_MAX_QUEUED, RETRY_ON_CHOICES
 
 EPILOG = """\
 examples:
@@ -113,7 +113,11 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--description", field="description", metavar="TEXT", help="free text shown in listings")
     add("--status", field="status", choices=values(JobStatus), help="default Active for a new job")
     add("--concurrency-mode", field="concurrency_mode", choices=values(ConcurrencyMode),
-        help="when a run is still live at the next occurrence: Skip it (default), Queue one, or run Concurrent")
+        help="when a run is still live at the next occurrence: Skip it (default), Queue one, QueueAll (up to "
+             "--max-queued, run in order), Replace the live run (cancel it, start the new one), or run Concurrent")
+    add("--max-queued", field="max_queued", type=int, metavar="N",
+        help=f"QueueAll: at most N occurrences wait for the live run, the oldest skipped beyond it "
+             f"(default {DEFAULT_MAX_QUEUED})")
     add("--missed-run-policy", field="missed_run_policy", choices=values(MissedRunPolicy),
         help="occurrences missed while no supervisor ran: Skip them, RunOnce (default) or RunAll")
     # -- time knobs (issue 12 point 10) --

@@ -51,7 +51,7 @@ log = logging.getLogger("mjsched.dashboard")
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-EDITABLE = ("cron_expression", "timezone", "description", "configuration", "concurrency_mode",
+EDITABLE = ("cron_expression", "timezone", "description", "configuration", "concurrency_mode", "max_queued",
             "max_runtime_minutes")
 
 
@@ -411,7 +411,7 @@ def _changes(form: dict[str, Any]) -> dict[str, Any]:
                 raise InputError("configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
             if not isinstance(value, dict):
                 raise InputError("configuration", "must be a JSON object")
-        elif key == "max_runtime_minutes" and isinstance(value, str):
+        elif key in ("max_runtime_minutes", "max_queued") and isinstance(value, str):
             if not value.strip():
                 continue
             try:

@@ -191,7 +191,7 @@ def job_page(store: Store, views: DashboardViews, name: str, params: Mapping[str
     runs = runs_page(views, {**{k: v for k, v in params.items() if k in ("before", "limit")}, "job": name})
     return {"job": job, "upcoming": upcoming(job, now),
             "last_day": views.job_run_counts(job["id"], now - dt.timedelta(days=1)),
-            "runs": runs["runs"], "next_before": runs["next_before"], "before": runs["before"]}
+            "runs": runs["runs"], "next_before": runs["next_before"], "before": runs["before"], "modes": MODES}
 
 
 def runs_page(views: DashboardViews, params: Mapping[str, str]) -> dict[str, Any]:

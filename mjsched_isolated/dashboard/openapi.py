@@ -7,6 +7,7 @@ from typing import Any
 
 from mjsched_isolated._version import __version__
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
+from mjsched_isolated.planner import MAX_QUEUED
 
 
 def _q(name: str, schema: dict[str, Any], text: str) -> dict[str, Any]:
@@ -44,6 +45,7 @@ def _post(summary: str, *, body: dict[str, Any] | None = None, status: str = "20
 EDIT = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
     "cron_expression": {"type": "string"}, "timezone": {"type": "string"}, "description": {"type": "string"},
     "configuration": {"type": "object"}, "concurrency_mode": {"type": "string", "enum": list(values(ConcurrencyMode))},
+    "max_queued": {"type": "integer", "minimum": 1, "maximum": MAX_QUEUED},
     "max_runtime_minutes": {"type": "integer", "minimum": 1}}}
 
 

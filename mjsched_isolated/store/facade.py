@@ -131,10 +131,10 @@ class Store:
         holds (PostgreSQL) (:meth:`Jobs.due_jobs`)."""
         return self.jobs.due_jobs(now, limit, exclude, skip_locked)
 
-    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
-                           ) -> list[JobRow]:
-        """Due Skip jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""
-        return self.jobs.due_live_skip_jobs(now, limit, exclude)
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
+                           mode: str = "Skip") -> list[JobRow]:
+        """Due Skip (or ``mode``) jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""
+        return self.jobs.due_live_skip_jobs(now, limit, exclude, mode)
 
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest dispatchable ``next_run_at`` (:meth:`Jobs.next_due_at`)."""
@@ -235,6 +235,10 @@ class Store:
         """Of these runs of ``instance``, those it still holds, each with who asked to cancel it
         (:meth:`Leases.held_runs`)."""
         return self.leases.held_runs(tokens, instance)
+
+    def request_replace(self, job_id: int, token: str, requested_by: str) -> int:
+        """Ask the holder of the job's lease to cancel its run (:meth:`Leases.request_replace`)."""
+        return self.leases.request_replace(job_id, token, requested_by)
 
     def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:
         """Ask the holder of a Running run to cancel it (:meth:`Leases.request_cancel`)."""

@@ -23,6 +23,9 @@ from mjsched_isolated.store.predicates import lease_free
 from mjsched_isolated.store.records import JobRow, OutboxRow, Values
 from mjsched_isolated.store.schema import jobs, runs
 
+WAITING_MODES = (ConcurrencyMode.QUEUE, ConcurrencyMode.QUEUE_ALL, ConcurrencyMode.REPLACE)
+"""Modes whose due occurrence waits, not due, while the job's lease is live."""
+
 
 def _job_rows(result: sa.CursorResult[Any]) -> list[JobRow]:
     return [cast(JobRow, dict(r)) for r in result.mappings()]
@@ -44,7 +47,7 @@ class Jobs:
         # the poll's reads without exclusions: compiled once, run through the DBAPI cursor (:mod:`.driver`)
         self._due_prepared: Prepared | None = None
         self._next_due_prepared: Prepared | None = None
-        self._live_skip_prepared: Prepared | None = None
+        self._live_skip_prepared: dict[str, Prepared] = {}  # by concurrency mode (Skip, Replace)
         self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
 
     # -- management --------------------------------------------------------------------------------
@@ -130,9 +133,11 @@ class Jobs:
 
     # -- what the poll loop reads ------------------------------------------------------------------
     def _dispatchable(self, exclude: AbstractSet[int]) -> list[sa.ColumnElement[bool]]:
-        """Active, scheduled, not excluded, and not waiting: a Queue job (or a RunAll job, which never
-        drops an occurrence) waits while its lease is live."""
-        queue_waiting = sa.and_(sa.or_(jobs.c.concurrency_mode == ConcurrencyMode.QUEUE,
+        """Active, scheduled, not excluded, and not waiting: a Queue, QueueAll or Replace job (or a RunAll
+        job, which never drops an occurrence) waits while its lease is live (a Replace job's run is being
+        cancelled: its occurrence starts once the lease is released)."""
+        # equalities, not an expanding IN: the due read is compiled once (store/driver.py's Prepared)
+        queue_waiting = sa.and_(sa.or_(*(jobs.c.concurrency_mode == mode for mode in WAITING_MODES),
                                        jobs.c.missed_run_policy == MissedRunPolicy.RUN_ALL),
                                 sa.not_(lease_free(self.dialect)))
         conds = [jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None), sa.not_(queue_waiting)]
@@ -185,30 +190,33 @@ class Jobs:
         chosen = sa.select(jobs.c.id).where(*due).order_by(*order).limit(limit).subquery("due")
         return sa.select(jobs).join(chosen, chosen.c.id == jobs.c.id).order_by(*order)
 
-    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset()
-                           ) -> list[JobRow]:
+    def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
+                           mode: str = ConcurrencyMode.SKIP) -> list[JobRow]:
         """Due Active jobs whose occurrence must be skipped because their run is live: ``concurrency_mode``
         Skip (not RunAll, which waits) and the job lease held by a live supervisor, oldest due first, at most
         ``limit``. One index range on ``(status, next_run_at)`` up to ``now``, like :meth:`due_jobs`: the
-        supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12)."""
+        supervisor reads it when it has no idle worker, so a Skip is decided on time (issue 12). ``mode``
+        Replace: the due Replace jobs whose run is live (to be replaced; RunAll ones too)."""
         params = {"p_now": now, "p_limit": limit}
         if exclude:
             with self.engine.connect() as conn:
-                return _job_rows(conn.execute(self._live_skip_query(exclude), params))
-        if self._live_skip_prepared is None:
-            self._live_skip_prepared = Prepared(self._live_skip_query(()), self.engine.dialect)
+                return _job_rows(conn.execute(self._live_skip_query(exclude, mode), params))
+        prepared = self._live_skip_prepared.get(mode)
+        if prepared is None:
+            prepared = self._live_skip_prepared[mode] = Prepared(self._live_skip_query((), mode), self.engine.dialect)
         with self.engine.connect() as conn:
-            return cast(list[JobRow], self._live_skip_prepared.mappings(conn, params))
+            return cast(list[JobRow], prepared.mappings(conn, params))
 
-    def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()]) -> sa.Select:
+    def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()], mode: str) -> sa.Select:
         """Read from the Running runs (``ix_runs_status``) holding their job's lease (the same token), so
         its cost follows the live runs, not the due jobs (a saturated supervisor reads it at every poll)."""
         leased = sa.select(runs.c.job_id).where(runs.c.status == RunStatus.RUNNING, runs.c.lock_token.is_not(None))
         # the status compared as an expression: no index on it, so every database reads from the live runs
         conds = [jobs.c.id.in_(leased), jobs.c.status.concat("") == JobStatus.ACTIVE, jobs.c.next_run_at.is_not(None),
                  jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)),
-                 jobs.c.concurrency_mode == ConcurrencyMode.SKIP,
-                 jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL, sa.not_(lease_free(self.dialect))]
+                 jobs.c.concurrency_mode == str(mode), sa.not_(lease_free(self.dialect))]
+        if mode == ConcurrencyMode.SKIP:
+            conds.append(jobs.c.missed_run_policy != MissedRunPolicy.RUN_ALL)
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))
         return (sa.select(jobs).where(*conds)

@@ -718,6 +718,17 @@ class Leases:
             row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
         return None if row is None else cast(RunRow, dict(row))
 
+    def request_replace(self, job_id: int, token: str, requested_by: str) -> int:
+        """Replace (concurrency_mode): ask whichever supervisor holds job ``job_id``'s lease ``token`` to
+        cancel the run claimed with it, as :meth:`request_cancel` does (``cancel_requested_at`` by the
+        database clock, ``cancel_requested_by`` = ``requested_by``), unless a cancel is already asked. One
+        UPDATE; returns how many runs it asked (0 or 1)."""
+        with self.engine.begin() as conn:
+            return conn.execute(runs.update().where(
+                runs.c.job_id == job_id, runs.c.lock_token == token, runs.c.status == RunStatus.RUNNING,
+                runs.c.cancel_requested_at.is_(None)).values(cancel_requested_at=schema.db_now(self.dialect),
+                                                               cancel_requested_by=requested_by[:255])).rowcount
+
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
                               ) -> list[AbandonedRun]:

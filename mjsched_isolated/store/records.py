@@ -52,6 +52,7 @@ class JobRow(TypedDict):
     last_duration_ms: float | None
     avg_duration_ms: float | None
     concurrency_mode: str
+    max_queued: int
     missed_run_policy: str
     max_jitter_s: float | None
     run_immediately_if_never_run: bool

@@ -170,6 +170,8 @@ jobs = sa.Table(
     sa.Column("last_duration_ms", sa.Float),
     sa.Column("avg_duration_ms", sa.Float),
     sa.Column("concurrency_mode", sa.String(20), nullable=False, server_default="Skip"),
+    # QueueAll: at most this many occurrences wait while a run is live, the oldest skipped beyond it (0013)
+    sa.Column("max_queued", sa.Integer, nullable=False, server_default="10"),
     sa.Column("missed_run_policy", sa.String(20), nullable=False, server_default="RunOnce"),
     sa.Column("max_jitter_s", sa.Float),
     sa.Column("run_immediately_if_never_run", sa.Boolean, nullable=False, server_default=sa.false()),

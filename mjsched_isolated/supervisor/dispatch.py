@@ -77,6 +77,12 @@ class Dispatcher:
         self.skip_due_at: dict[int, dt.datetime | None] = {}
         # until when the due read passes over rows a peer's claim holds: set when a claim met such a row
         self.contended_until: dt.datetime | None = None
+        # job id -> its next_run_at, for the Replace jobs whose run this supervisor holds: when to replace it
+        self.replace_due_at: dict[int, dt.datetime | None] = {}
+        # job id -> the occurrence that replaced its run here: the newest due occurrence runs once it is freed
+        self.replacing: dict[int, dt.datetime] = {}
+        # kills a run of ours and records it Cancelled, never retried (the supervisor's RunGuard.cancel)
+        self.cancel_flight: Callable[[InFlight, dt.datetime, str], None] = lambda flight, now, reason: None
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -90,6 +96,7 @@ class Dispatcher:
             # its signature reads every Active job: with many, once a minute, not at every rescan
             self._next_advice_at = now + dt.timedelta(seconds=ADVICE_INTERVAL_S) if active > MANY_JOBS else None
         self.abandon_orphans(now)
+        self.replace_others(now)
         # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
         found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
                                                                                UNREADABLE_SWEEP_ROWS)
@@ -128,6 +135,7 @@ class Dispatcher:
         (``Store.claim_many``; each claim is still judged alone), then handed to its worker. Does not wait
         for runs."""
         self.waiting_for_worker.clear()
+        self.replace_live(now)
         idle = self.pool.idle_workers()
         # a result not yet recorded still holds its job's lease and its place under the cap: a worker
         # freed by it is not used until it is written (else an outage would let runs pile up past the cap)
@@ -183,16 +191,90 @@ class Dispatcher:
             if decided and job["next_run_at"] is not None:
                 self._skip_live_one(job, job["next_run_at"], next_run_at, now)
 
+    def replace_live(self, now: dt.datetime) -> None:
+        """Replace (issue 12 point 7; Kubernetes' ``concurrencyPolicy: Replace``, Temporal's TerminateOther):
+        when the next occurrence of a Replace job whose run this supervisor holds comes due, even with every
+        worker busy, kill that run's process tree and record it Cancelled ("replaced by occurrence X", never
+        retried); the lease is released with the record, and the newest due occurrence starts on the freed
+        slot. One read of the job row per occurrence, only for jobs whose known next occurrence has passed."""
+        for job_id, at in list(self.replace_due_at.items()):
+            if at is None or at > now:
+                continue
+            flight = next((f for f in self.inflight.values() if f.job_id == job_id and f.token is not None), None)
+            job = None if flight is None else self.store.get_job_by_id(job_id)
+            if (flight is None or job is None or job["lock_token"] != flight.token or job["status"] != "Active"
+                    or job["concurrency_mode"] != "Replace"):
+                del self.replace_due_at[job_id]  # not our run any more, or not to be replaced
+            elif job["next_run_at"] is None or job["next_run_at"] > now:
+                self.replace_due_at[job_id] = job["next_run_at"]  # moved meanwhile (an edit): wait for it
+            else:
+                self._replace(job, now, flight)
+
+    def replace_others(self, now: dt.datetime) -> None:
+        """At each rescan: due Replace jobs whose run is live but not known to this supervisor as one to
+        replace (held by another supervisor, a manual run, a job switched to Replace while its run was live):
+        ask the holder to cancel the run (its ``cancel_requested_by`` says which occurrence replaces it); the
+        holder kills it at its next lease renewal. One indexed query, at most :data:`LIVE_SKIP_ROWS` jobs."""
+        for job in self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded(), mode="Replace"):
+            mine = next((f for f in self.inflight.values() if f.job_id == job["id"] and f.token is not None
+                         and f.token == job["lock_token"]), None)
+            if mine is not None:
+                self.replace_due_at[job["id"]] = job["next_run_at"]  # replaced by replace_live at the next poll
+            elif job["lock_token"] is not None and job["next_run_at"] is not None:
+                self._replace(job, now, None)
+
+    def _replace(self, job: JobRow, now: dt.datetime, flight: InFlight | None) -> None:
+        """Supersede the job's older due occurrences (counted skipped), then cancel its live run: ``flight``
+        (ours) at once, else by a request on the run row for its holder."""
+        occurrence = self._supersede(job, now)
+        if occurrence is None:  # another supervisor moved the job first: look again at the next rescan
+            self.replace_due_at[job["id"]] = None
+            return
+        by = planner.replaced_by(occurrence)
+        if flight is None:
+            if job["lock_token"] is not None and self.store.request_replace(job["id"], job["lock_token"], by):
+                log.warning("job %s: occurrence %s came due while its run was live (concurrency_mode Replace): "
+                            "its holder %s was asked to cancel that run", job["name"], iso(occurrence),
+                            job["locked_by_instance"], extra=log_ctx(job))
+            return
+        self.store.request_cancel(flight.run_id, by)  # on the run row too: who asked, as for `runs cancel`
+        self.replacing[job["id"]] = occurrence
+        self.replace_due_at.pop(job["id"], None)
+        self.cancel_flight(flight, now, by)
+
+    def _supersede(self, job: JobRow, now: dt.datetime) -> dt.datetime | None:
+        """A Replace job runs its newest due occurrence: the older due ones (from ``next_run_at``) are skipped
+        (counted, logged, by concurrency). Returns the occurrence to run, None if another supervisor moved
+        the job first (or its schedule cannot be read: it is set aside)."""
+        seen = job["next_run_at"]
+        if seen is None:
+            return None
+        try:
+            newest = planner.newest_due(job, now)
+        except SCHEDULE_ERRORS as exc:
+            self._mark_bad(job, str(exc))
+            return None
+        if newest is None:
+            return seen
+        why = f"superseded by occurrence {iso(newest)} (concurrency_mode Replace: the newest occurrence runs)"
+        return newest if self._skip(job, seen, newest, now, "concurrency", "Skipped", why) else None
+
     def next_due_at(self) -> dt.datetime | None:
         """When the loop must look again for due jobs. With no idle worker, the next occurrence of a Skip job
-        whose run this supervisor holds (to skip it on time), else None (a result wakes the loop). Jobs
+        whose run this supervisor holds (to skip it on time), else None (a result wakes the loop); and in any
+        case the next occurrence of a Replace job whose run it holds (to replace that run on time). Jobs
         waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        live = {f.job_id for f in self.inflight.values()}
+        for job_id in [j for j in self.replace_due_at if j not in live]:
+            del self.replace_due_at[job_id]
+        replace_at = min((at for at in self.replace_due_at.values() if at is not None), default=None)
         if not self.pool.idle_workers():  # the next occurrence of a Skip job of ours whose run is live
-            live = {f.job_id for f in self.inflight.values()}
             for job_id in [j for j in self.skip_due_at if j not in live]:
                 del self.skip_due_at[job_id]
-            return min((at for at in self.skip_due_at.values() if at is not None), default=None)
-        return self.store.next_due_at(self._excluded() | self.waiting_for_worker)
+            due = min((at for at in self.skip_due_at.values() if at is not None), default=None)
+        else:
+            due = self.store.next_due_at(self._excluded() | self.waiting_for_worker)
+        return min((at for at in (due, replace_at) if at is not None), default=None)
 
     def _excluded(self) -> set[int]:
         """Jobs this supervisor does not look at: bad rows, and job types it has no plugin for."""
@@ -223,6 +305,9 @@ class Dispatcher:
         try:
             if job["start_at"] is not None and job["start_at"] > now:  # edited outside the CLI: not yet
                 return self._reschedule(job, planner.initial_next_run_at(job, now), now), None, job
+            overlap = self._overlap(job, now)
+            if overlap is not None:
+                return self._decide_overlap(job, overlap, known, now)
             decision = planner.decide(job, now, self.settings.max_catchup_runs)
         except SCHEDULE_ERRORS as exc:  # one bad job must not stop the poll
             self._mark_bad(job, str(exc))
@@ -252,6 +337,41 @@ class Dispatcher:
                    else "missed and missed_run_policy is Skip")
             self._skip(job, seen, next_run_at, now, "backlog" if decision.skipped_older else "missed", "Missed", why)
             return False, None, job
+        return self._runnable(job, known, seen), next_run_at, job
+
+    def _overlap(self, job: JobRow, now: dt.datetime) -> planner.Overlap | None:
+        """The QueueAll decision of a job whose occurrence waited for a run (:func:`planner.queue_all_next`),
+        or, for a Replace job whose run this supervisor just replaced, its newest due occurrence; None: the
+        missed-run policy decides (:func:`planner.decide`). Raises what the planner raises."""
+        if job["concurrency_mode"] == "QueueAll":
+            return planner.queue_all_next(job, now)
+        replaced_for = self.replacing.pop(job["id"], None)
+        # only while nobody moved the job since (else the replacement is over: another supervisor claimed it)
+        if job["concurrency_mode"] == "Replace" and replaced_for is not None and replaced_for == job["next_run_at"]:
+            newest = planner.newest_due(job, now) or replaced_for
+            return planner.Overlap(scheduled_at=newest, next_run_at=planner.next_after_claim(job, newest))
+        return None
+
+    def _decide_overlap(self, job: JobRow, overlap: planner.Overlap, known: set[str], now: dt.datetime
+                        ) -> tuple[bool, dt.datetime | None, JobRow]:
+        """Run ``overlap.scheduled_at``, skipping the older due occurrences first (QueueAll: beyond
+        ``max_queued``; Replace: superseded by the newest)."""
+        seen = job["next_run_at"]
+        assert seen is not None  # a due job (checked by _decide)
+        if overlap.scheduled_at != seen:
+            why = (f"more than max_queued ({job['max_queued']}) occurrences waited for the live run "
+                   f"(concurrency_mode QueueAll): the oldest are dropped, {iso(overlap.scheduled_at)} runs next"
+                   if job["concurrency_mode"] == "QueueAll" else
+                   f"superseded by occurrence {iso(overlap.scheduled_at)} (concurrency_mode Replace: the newest "
+                   "occurrence runs)")
+            if not self._skip(job, seen, overlap.scheduled_at, now, "concurrency", "Skipped", why):
+                return False, None, job
+            job = job.copy()
+            job["next_run_at"] = seen = overlap.scheduled_at
+        return self._runnable(job, known, seen), overlap.next_run_at, job
+
+    def _runnable(self, job: JobRow, known: set[str], seen: dt.datetime) -> bool:
+        """True if this supervisor has the job's plugin; else the job is left for one that has it."""
         if job["job_type"] not in known:  # left due for a supervisor that has the plugin (a rolling deploy)
             self.unrunnable[job["id"]] = job["job_type"]
             if (job["id"], job["job_type"]) not in self._reported_unrunnable:
@@ -259,8 +379,8 @@ class Dispatcher:
                 log.error("job %s: job_type %r is not available on this supervisor (see `plugins list`); its "
                           "occurrences are left to a supervisor that has it (occurrence %s is waiting)",
                           job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
-            return False, None, job
-        return True, next_run_at, job
+            return False
+        return True
 
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
@@ -365,6 +485,9 @@ class Dispatcher:
                             "s" * (request.skipped != 1), iso(scheduled_at), extra=log_ctx(job))
             if claim is not None and job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
                 self.skip_due_at[job["id"]] = next_run_at  # its next occurrence is skipped if the run is live
+            if claim is not None and job["concurrency_mode"] == "Replace":
+                self.replacing.pop(job["id"], None)
+                self.replace_due_at[job["id"]] = next_run_at  # its next occurrence replaces this run
         return flights
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from mjsched_isolated import planner
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
@@ -146,17 +147,22 @@ class RunGuard:
                        "its lease was taken over, the run was abandoned, or its job was removed")
         for run_id, requested_by in held.items():
             if requested_by is not None and run_id in self.inflight:
-                self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+                if planner.is_replacement(requested_by):  # another supervisor saw its Replace occurrence due
+                    self.cancel(self.inflight[run_id], now, requested_by, retry=False)
+                else:
+                    self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
 
-    def cancel(self, flight: InFlight, now: dt.datetime, reason: str) -> None:
+    def cancel(self, flight: InFlight, now: dt.datetime, reason: str, *, retry: bool = True) -> None:
         """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
-        counted as a run or a failure)."""
+        counted as a run or a failure). ``retry`` False: never retried (a run replaced by a newer occurrence,
+        concurrency_mode Replace), else retried only if the job's ``retry_on`` lists Cancelled."""
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
-        self.metrics.run_killed("cancel")
+        self.metrics.run_killed("cancel" if retry else "replace")
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
                     extra=log_ctx(flight))
-        self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
+        self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False,
+                             retryable=retry)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""

@@ -70,6 +70,7 @@ class Supervisor:
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
+        self.dispatcher.cancel_flight = lambda flight, now, reason: self.guard.cancel(flight, now, reason, retry=False)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls

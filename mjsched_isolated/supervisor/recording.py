@@ -42,29 +42,30 @@ class Recorder:
 
     def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                error_message: str | None = None, details: dict | None = None, count: bool = True,
-               notification: protocol.NoticeText | None = None, fenced: bool = False) -> None:
+               notification: protocol.NoticeText | None = None, fenced: bool = False, retryable: bool = True) -> None:
         """Write the run's terminal ``status`` (Completed, Failed, Timeout, Cancelled), the job's statistics
         (unless ``count`` is False: a cancelled run does not count), the lease release and its notices, in
         one transaction. ``now`` (database time) is when the run ended: its ``completed_at`` even when the
         write happens later (an outage), never before its ``started_at``; ``duration_ms`` is ``completed_at
         - started_at``, as the reference's. ``notification``: the plugin's formatted notice. ``fenced``: the
         run was killed because this supervisor lost its lease (retried only if the job's ``retry_on`` lists
-        ``Fenced``). Never raises: an unreachable database keeps the outcome in :attr:`pending`."""
+        ``Fenced``). ``retryable`` False: never retried, whatever the job's ``retry_on`` (a run replaced by a newer
+        occurrence). Never raises: an unreachable database keeps the outcome in :attr:`pending`."""
         self.record_many([(flight, self.outcome(flight, now, status=status, success=success,
                                                 error_message=error_message, details=details, count=count,
-                                                notification=notification, fenced=fenced))])
+                                                notification=notification, fenced=fenced, retryable=retryable))])
 
     def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                 error_message: str | None = None, details: dict | None = None, count: bool = True,
                 notification: protocol.NoticeText | None = None, cpu_s: float | None = None,
-                max_rss_mb: float | None = None, fenced: bool = False) -> Outcome:
+                max_rss_mb: float | None = None, fenced: bool = False, retryable: bool = True) -> Outcome:
         """The row values :meth:`record` writes for ``flight`` ended at ``now`` (see there), with the retry
         of a failure the job retries (:func:`planner.retry_at`) and, for a job with ``pause_after_failures``,
         the pause its final failure may cause (judged by the store on the job's counter); ``cpu_s`` and
         ``max_rss_mb``: the run's CPU seconds and peak memory (MiB) as the worker measured them."""
         completed_at = max(now, flight.recorded_start)
         job, channels = flight.job, self.settings.notifications.channels()
-        retry_at = None if success else planner.retry_at(job, attempt=flight.attempt,
+        retry_at = None if success or not retryable else planner.retry_at(job, attempt=flight.attempt,
                                                         status="Fenced" if fenced else status,
                                                         scheduled_at=flight.scheduled_at, ended_at=completed_at)
         retry = None if retry_at is None else (flight.attempt, int(job["max_retries"] or 0), retry_at)
