@@ -143,9 +143,9 @@ def reflect(engine: sa.Engine) -> dict:
 
 def without_0002(reflected: dict) -> dict:
     """What 0001 should be: the current schema minus what 0002 and later revisions add (tables
-    notifications, run_output, plugin_reloads, audit_log; columns below; 0006's ix_runs_started_at)."""
+    notifications, run_output, plugin_reloads, audit_log, backfills; columns below; 0006's ix_runs_started_at)."""
     out = {k: v for k, v in reflected.items()
-           if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
+           if k not in ("notifications", "run_output", "plugin_reloads", "audit_log", "backfills")}
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS
                                                | ACCOUNTING_COLUMNS | RETRY_JOB_COLUMNS}}
@@ -570,5 +570,34 @@ def test_0012_keeps_the_values_of_columns_added_by_other_revisions(backend_url):
         with engine.connect() as conn:
             row = conn.execute(sa.select(runs.c.cpu_s, runs.c.max_rss_mb, runs.c.attempt).where(runs.c.id == 11)).one()
         assert tuple(row) == (1.5, 64.0, 1)
+    finally:
+        engine.dispose()
+
+
+def test_0014_upgrade_keeps_rows_adds_an_empty_backfills_table_that_takes_pending_occurrences(backend_url):
+    """0012 -> head with data: every row kept, no pending backfill; afterwards an occurrence can be made
+    pending once per attempt, and removing the job removes its pending entries."""
+    from mjsched_isolated.store.schema import backfills
+
+    engine = make_at(backend_url, "0012")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(backfills)).scalar() == 0
+        entry = {"job_id": 2, "scheduled_at": T0, "requested_at": T0, "requested_by": "ann"}
+        with engine.begin() as conn:
+            conn.execute(backfills.insert().values(**entry))
+            conn.execute(backfills.insert().values(**entry, attempt=2, kind="Retry", retry_of_run_id=10))
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(backfills.insert().values(**entry))
+        store = Store(engine)
+        store.remove_job("plain")
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(backfills)).scalar() == 0
     finally:
         engine.dispose()
