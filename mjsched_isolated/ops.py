@@ -267,6 +267,7 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
 # -- backfill and retry (pending occurrences, mjsched_isolated.store.backfills) -------------------------------
 DEFAULT_BACKFILL_MAX = planner.DEFAULT_BACKFILL_MAX  # occurrences a backfill may add unless raised
 BACKFILL_MAX_LIMIT = 10_000
+BACKFILL_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)  # a window starting earlier is a typo, not a backfill
 
 
 class BackfillResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -313,14 +314,17 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
     ``audit_log`` row (``audit_role``; None: the caller audits, as the dashboard does).
 
     Raises :class:`NotFoundError` (``name``); :class:`InputError` naming ``from``/``to`` (not a date-time,
-    ``to`` before ``from`` or after ``now``), ``max`` (not 1 to :data:`BACKFILL_MAX_LIMIT`, or the window
-    holds more occurrences than it), ``requested_by``; nothing is written then."""
+    ``from`` before 1970, ``to`` before ``from`` or after ``now``), ``max`` (not 1 to
+    :data:`BACKFILL_MAX_LIMIT`, or the window holds more occurrences than it), ``requested_by``; nothing is
+    written then."""
     if isinstance(max_occurrences, bool) or not isinstance(max_occurrences, int) \
             or not 1 <= max_occurrences <= BACKFILL_MAX_LIMIT:
         raise InputError("max", f"must be an integer from 1 to {BACKFILL_MAX_LIMIT}, got {max_occurrences!r}")
     actor = _actor(requested_by)
     job = store.get_job(name)
     lo, hi = _window_bound("from", start, job), _window_bound("to", end, job)
+    if lo < BACKFILL_EPOCH:
+        raise InputError("from", f"must be after {BACKFILL_EPOCH.isoformat()}, got {lo.isoformat()}")
     if hi < lo:
         raise InputError("to", f"must not be before from ({lo.isoformat()}), got {hi.isoformat()}")
     if hi > now:
