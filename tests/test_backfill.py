@@ -204,7 +204,7 @@ def test_supervisor_runs_pending_backfills_one_at_a_time_under_the_lease_after_t
     add_job(store, "bf", "ok", HOURLY, next_run_at=dt.datetime(2099, 1, 1, tzinfo=UTC))
     add_job(store, "reg", "ok", YEARLY)
     at = d.timeline()
-    t0 = at(0)
+    t0 = store.db_now()
     ops.backfill_job(store, "bf", t0 - dt.timedelta(hours=3), t0, t0, max_occurrences=5)
     d.pool.hold("bf", "reg")
     at(0.01)  # the regular occurrence (due) first, then one backfill with the remaining worker
@@ -237,7 +237,9 @@ def test_supervisor_runs_a_retry_request_as_the_next_attempt(mem_store, fake_fac
     assert first["status"] == "Failed"
     ops.retry_run(store, first["id"], at(0.02))
     at(0.03)
-    at(0.04)
+    assert len(store.list_runs(job_name="f", limit=10)) == 1  # a new request is seen at the next rescan
+    at(1.1)  # rescan_interval_s (1 s) later
+    at(1.2)
     runs = sorted(store.list_runs(job_name="f", limit=10), key=lambda r: r["id"])
     assert [(r["scheduled_at"], r["attempt"], r["status"]) for r in runs] == [
         (first["scheduled_at"], 1, "Failed"), (first["scheduled_at"], 2, "Failed")]

@@ -73,12 +73,17 @@ class Dispatcher:
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
         # job id -> its next_run_at, for the Skip jobs whose run this supervisor holds: when to skip
         self.skip_due_at: dict[int, dt.datetime | None] = {}
+        # pending backfill entries are read while there may be some that can start: after each rescan (new
+        # requests), while the last read found some, and when a backfill run of ours ended (its lease freed)
+        self.backfills_maybe = True
+        self._backfill_runs: set[int] = set()  # run ids of the backfill runs this supervisor started
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
         """Fail runs of dead supervisors, and give unscheduled Active jobs a next_run_at (e.g. a job activated
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        self.backfills_maybe = True
         self._forget_fixed_bad_jobs()
         self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         if self._next_advice_at is None or now >= self._next_advice_at:
@@ -169,11 +174,20 @@ class Dispatcher:
         first, each claimed like any run: under the cap and the job's lease, so a non-Concurrent job runs one
         at a time and its backfill waits while a run of it is live (Temporal's backfill with the schedule's
         overlap policy, but never skipped: a pending occurrence waits). The job's ``next_run_at`` is not
-        touched. Held back while takeovers are held after a time jump."""
+        touched. Held back while takeovers are held after a time jump. Not read at every poll: only while
+        there may be entries that can start (:attr:`backfills_maybe`), so an empty table costs nothing
+        between rescans; a new request starts within ``rescan_interval_s``."""
         if self.clock.holding_takeovers(now):
             return
+        if self._backfill_runs - set(self.inflight):  # one ended: the entries it held back may start now
+            self._backfill_runs &= set(self.inflight)
+            self.backfills_maybe = True
+        if not self.backfills_maybe:
+            return
+        found = self.store.backfills.due(len(idle), exclude=self._excluded())
+        self.backfills_maybe = bool(found)
         taken: set[int] = set()
-        for entry, job in self.store.backfills.due(len(idle), exclude=self._excluded()):
+        for entry, job in found:
             concurrent = job["concurrency_mode"] == "Concurrent"
             if not idle:
                 break
@@ -192,6 +206,7 @@ class Dispatcher:
             if claim is None:
                 continue
             taken.add(job["id"])
+            self._backfill_runs.add(claim.run_id)
             idle.remove(worker)
             log.info("job %s: %s of occurrence %s (attempt %d) requested by %s at %s starts as run %d", job["name"],
                      entry["kind"].lower(), iso(entry["scheduled_at"], missing="none (a manual run)"),
