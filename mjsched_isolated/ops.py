@@ -335,7 +335,7 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
         raise InputError("cron_expression", f"job {name!r} has no usable schedule: {first_line(exc)}") from None
     if len(found) > max_occurrences:
         raise InputError("max", f"the window {lo.isoformat()} to {hi.isoformat()} holds more than {max_occurrences} "
-                                "occurrences of job " f"{name!r}; narrow from/to or raise max")
+                                "occurrences of job " f"{name!r}; narrow the window or raise the bound")
     regular = job["next_run_at"]
     left = [t for t in found if regular is not None and t >= regular]
     wanted = [t for t in found if t not in left]

@@ -78,6 +78,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(row)
     else:
+        pending = row.get("pending_backfill") or []
+        row["pending_backfill"] = ", ".join(
+            f"{render.fmt(p['scheduled_at']) if p['scheduled_at'] else 'manual'} ({p['kind'].lower()}, attempt "
+            f"{p['attempt']}, by {p['requested_by']})" for p in pending) + (
+            ", ..." if row.get("pending_backfill_count", 0) > len(pending) else "") or None
         render.listing(row)
     return Exit.OK
 
