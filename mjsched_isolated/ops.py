@@ -336,7 +336,8 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
     if len(found) > max_occurrences:
         raise InputError("max", f"the window {lo.isoformat()} to {hi.isoformat()} holds more than {max_occurrences} "
                                 "occurrences of job " f"{name!r}; narrow the window or raise the bound")
-    regular = job["next_run_at"]
+    # the schedule's next occurrence (a pending automatic retry displaces it into retry_next_run_at)
+    regular = job["retry_next_run_at"] if planner.pending_retry(job) else job["next_run_at"]
     left = [t for t in found if regular is not None and t >= regular]
     wanted = [t for t in found if t not in left]
     audit = None if audit_role is None else {

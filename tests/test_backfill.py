@@ -126,6 +126,17 @@ def test_backfill_reads_naive_times_in_the_jobs_zone_and_leaves_the_schedules_ow
     assert (got.added, got.left_to_schedule) == (hours(0, 1), hours(2, 3))
 
 
+def test_with_an_automatic_retry_pending_the_schedules_own_occurrences_are_still_left_to_it(mem_store):
+    """A pending retry displaces next_run_at into retry_next_run_at: the occurrences from there on are the
+    schedule's, not the backfill's."""
+    store = mem_store
+    retry_at = NOW + dt.timedelta(minutes=5)
+    add_job(store, "rt", "ok", HOURLY, now=NOW, next_run_at=retry_at, retry_at=retry_at, retry_attempt=2,
+            retry_scheduled_at=T, retry_next_run_at=T + dt.timedelta(hours=2))
+    got = ops.backfill_job(store, "rt", T, T + dt.timedelta(hours=3), NOW)
+    assert (got.added, got.left_to_schedule) == (hours(0, 1), hours(2, 3))
+
+
 # -- the store: claim, lease, cascade (on every database) -------------------------------------------------------
 def test_a_claimed_backfill_becomes_a_running_run_of_its_occurrence_once_and_holds_the_lease(any_store: Store):
     store = any_store
