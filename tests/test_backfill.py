@@ -237,6 +237,31 @@ def test_supervisor_runs_pending_backfills_one_at_a_time_under_the_lease_after_t
     assert store.backfills.pending(job["id"])[0] == 0
 
 
+def test_pending_backfill_outlives_its_supervisor_and_another_one_takes_over(mem_store, fake_factory):
+    """Supervisor a runs the first of two pending occurrences and dies (its liveness lease ends): supervisor
+    b abandons a's run, as for any run, and runs the second occurrence: the pending work was in the
+    database, not in a's memory."""
+    store = mem_store
+    a = fake_factory(**LONG, max_concurrent_jobs=1, instance="sup-a")
+    b = fake_factory(**LONG, max_concurrent_jobs=1, instance="sup-b")
+    add_job(store, "dur", "ok", HOURLY, next_run_at=dt.datetime(2099, 1, 1, tzinfo=UTC))
+    now = store.db_now()
+    ops.backfill_job(store, "dur", now - dt.timedelta(hours=2), now, now)
+    a.pool.hold("dur")
+    at_a, at_b = a.timeline(), b.timeline()
+    at_a(0.01)
+    at_b(0.01)  # b is idle, but the job's lease is a's: its second occurrence waits
+    first, = store.list_runs(job_name="dur", limit=10)
+    assert (first["executed_by_instance"], first["status"]) == ("sup-a", "Running")
+    store.stop_supervisor("sup-a")  # a is gone (as after SIGKILL once its liveness lease has lapsed)
+    at_b(1.1)  # b's rescan: a's run is abandoned, its lease freed; the next occurrence starts on b
+    at_b(1.2)
+    runs = sorted(store.list_runs(job_name="dur", limit=10), key=lambda r: r["id"])
+    assert [(r["executed_by_instance"], r["status"]) for r in runs] == [("sup-a", "Failed"), ("sup-b", "Completed")]
+    assert runs[0]["scheduled_at"] < runs[1]["scheduled_at"]
+    assert store.backfills.pending(runs[0]["job_id"])[0] == 0
+
+
 def test_supervisor_runs_a_retry_request_as_the_next_attempt(mem_store, fake_factory):
     store = mem_store
     d = fake_factory(**LONG, max_concurrent_jobs=1)
