@@ -99,6 +99,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     expected_completion_at: dt.datetime | None = None
     created_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
+    pending_backfill_count: int = 0  # pending `jobs backfill` / `runs retry` entries (get_job only; jobs(): 0)
 
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
@@ -229,6 +230,18 @@ class Client:
         becomes ready in ``settings.worker_ready_timeout_s``."""
         return ops.run_job(self._store, self.settings, name).run_id
 
+    def backfill_job(self, name: str, start: dt.datetime, end: dt.datetime, *,
+                     max_occurrences: int = ops.DEFAULT_BACKFILL_MAX,
+                     requested_by: str | None = None) -> ops.BackfillResult:
+        """Run job ``name``'s occurrences in the past window ``[start, end]``, like ``mjsched jobs backfill``
+        (naive times in the job's timezone): they become pending (durable) and the supervisors run them
+        under the cap, the job's concurrency mode and lease, each with its own ``scheduled_at``; the regular
+        schedule is untouched. Idempotent (an occurrence already run or pending is not added again).
+        Raises :class:`InputError` naming ``from``, ``to``, ``max`` (a window of more than
+        ``max_occurrences``); :class:`NotFoundError` (``name``); nothing is written then."""
+        return ops.backfill_job(self._store, name, start, end, self._now(), max_occurrences=max_occurrences,
+                                requested_by=requested_by, audit_role="api")
+
     # -- runs ----------------------------------------------------------------------------------------
     def runs(self, job: str | None = None, status: RunStatus | str | None = None, limit: int = 50) -> list[Run]:
         """Runs, newest first: of job ``job`` only, in ``status`` only, at most ``limit``. Raises
@@ -247,6 +260,15 @@ class Client:
         :class:`NotFoundError` (``id``) for an unknown run, :class:`InputError` (``id``) for one that is
         no longer Running."""
         return _run(ops.cancel_run(self._store, run_id, requested_by))
+    def retry_run(self, run_id: int, *, requested_by: str | None = None) -> dict[str, Any]:
+        """Run run ``run_id``'s occurrence again, like ``mjsched runs retry``: a new run with the same
+        ``scheduled_at`` and the next ``attempt``, pending (durable) until a supervisor starts it at its next
+        poll under the job's cap, mode and lease. Returns the pending entry (``job_name``,
+        ``scheduled_at``, ``attempt``, ``retry_of_run_id``, ``requested_by``, ``requested_at``). Raises
+        :class:`NotFoundError` (``id``); :class:`InputError` (``id``) when the run has not ended, another
+        run of a non-Concurrent job is live, or that retry is already pending."""
+        return ops.retry_run(self._store, run_id, self._now(), requested_by=requested_by)
+
     def run_logs(self, run_id: int) -> str:
         """What run ``run_id`` wrote so far (stdout, stderr, logging records, its subprocesses'), in order,
         bounded by ``max_run_output_bytes`` (its first and last halves, with a marker line between). A live

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from mjsched_isolated import cgroups, cron, jobspec, proctree
+from mjsched_isolated import cgroups, cron, jobspec, planner, proctree
 from mjsched_isolated.config import Retention, Settings, redact_url
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, RunStatus, values
 from mjsched_isolated.errors import (
@@ -203,8 +203,18 @@ def list_jobs(store: Store) -> list[Row]:
 
 
 def get_job(store: Store, name: str) -> Row:
-    """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
-    return job_view(store.get_job(name))
+    """Job ``name``, with ``pending_backfill_count`` and ``pending_backfill`` (the first
+    :data:`PENDING_SHOWN` pending occurrences of ``jobs backfill`` / ``runs retry``: ``scheduled_at``,
+    ``attempt``, ``kind``, ``requested_by``, ``requested_at``). Raises :class:`NotFoundError` (field ``name``)."""
+    view = job_view(store.get_job(name))
+    count, rows = store.backfills.pending(view["id"], PENDING_SHOWN)
+    view["pending_backfill_count"] = count
+    view["pending_backfill"] = [{k: r[k] for k in ("scheduled_at", "attempt", "kind", "requested_by",
+                                                   "requested_at")} for r in rows]
+    return view
+
+
+PENDING_SHOWN = 10  # pending backfill entries listed by get_job (the count is exact)
 
 
 def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 50) -> list[Row]:
@@ -254,6 +264,129 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
         raise InputError("id", f"run {run_id} is not running: it ended {row['status']}"
                                f"{f' at {ended:%Y-%m-%dT%H:%M:%SZ}' if ended else ''}; nothing to cancel")
     return get_run(store, run_id)
+# -- backfill and retry (pending occurrences, mjsched_isolated.store.backfills) -------------------------------
+DEFAULT_BACKFILL_MAX = planner.DEFAULT_BACKFILL_MAX  # occurrences a backfill may add unless raised
+BACKFILL_MAX_LIMIT = 10_000
+BACKFILL_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)  # a window starting earlier is a typo, not a backfill
+
+
+class BackfillResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`backfill_job` did: of the ``occurrences`` in ``[window_start, window_end]``, ``added``
+    (pending now; a supervisor runs them), ``already_run`` (a run of the occurrence exists, any attempt),
+    ``already_pending`` (added by an earlier request) and ``left_to_schedule`` (at or after the job's
+    ``next_run_at``: the regular schedule runs them). Times are aware UTC."""
+
+    job_name: str
+    window_start: dt.datetime
+    window_end: dt.datetime
+    occurrences: int
+    added: list[dt.datetime]
+    already_run: list[dt.datetime]
+    already_pending: list[dt.datetime]
+    left_to_schedule: list[dt.datetime]
+    requested_by: str
+    requested_at: dt.datetime
+
+
+def _actor(requested_by: str | None) -> str:
+    actor = default_actor() if requested_by is None else requested_by
+    if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
+        raise InputError("requested_by", f"must be a name of 1 to 255 characters, got {actor!r}")
+    return actor.strip()
+
+
+def _window_bound(field: str, value: Any, job: Mapping[str, Any]) -> dt.datetime:
+    if not isinstance(value, dt.datetime):
+        raise InputError(field, f"must be a date-time, got {value!r}")
+    return value.replace(tzinfo=cron.zone(job["timezone"])) if value.tzinfo is None else value
+
+
+def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, now: dt.datetime, *,
+                 max_occurrences: int = DEFAULT_BACKFILL_MAX, requested_by: str | None = None,
+                 audit_role: str | None = "cli") -> BackfillResult:
+    """Run job ``name``'s occurrences in the past window ``[start, end]`` (naive times are read in the job's
+    timezone; its cron, zone, DST policies and jitter give the occurrences, as for the regular schedule)
+    through the normal path: they are stored as pending (durable) and the supervisors claim them under the
+    cap, the job's concurrency mode and lease, each run recorded with its own ``scheduled_at``
+    (Temporal's schedule backfill, ``kubectl create job --from``). Idempotent: an occurrence that has a run
+    (any attempt) or is already pending is not added again. The job's ``next_run_at`` is not touched, and
+    occurrences at or after it are left to the regular schedule. Written in one transaction with an
+    ``audit_log`` row (``audit_role``; None: the caller audits, as the dashboard does).
+
+    Raises :class:`NotFoundError` (``name``); :class:`InputError` naming ``from``/``to`` (not a date-time,
+    ``from`` before 1970, ``to`` before ``from`` or after ``now``), ``max`` (not 1 to
+    :data:`BACKFILL_MAX_LIMIT`, or the window holds more occurrences than it), ``requested_by``; nothing is
+    written then."""
+    if isinstance(max_occurrences, bool) or not isinstance(max_occurrences, int) \
+            or not 1 <= max_occurrences <= BACKFILL_MAX_LIMIT:
+        raise InputError("max", f"must be an integer from 1 to {BACKFILL_MAX_LIMIT}, got {max_occurrences!r}")
+    actor = _actor(requested_by)
+    job = store.get_job(name)
+    lo, hi = _window_bound("from", start, job), _window_bound("to", end, job)
+    if lo < BACKFILL_EPOCH:
+        raise InputError("from", f"must be after {BACKFILL_EPOCH.isoformat()}, got {lo.isoformat()}")
+    if hi < lo:
+        raise InputError("to", f"must not be before from ({lo.isoformat()}), got {hi.isoformat()}")
+    if hi > now:
+        raise InputError("to", f"must not be in the future (a backfill runs past occurrences), got {hi.isoformat()}")
+    try:
+        found = planner.occurrences_in_window(job, lo, hi, max_occurrences)
+    except (MjschedError, OverflowError, ValueError) as exc:
+        raise InputError("cron_expression", f"job {name!r} has no usable schedule: {first_line(exc)}") from None
+    if len(found) > max_occurrences:
+        raise InputError("max", f"the window {lo.isoformat()} to {hi.isoformat()} holds more than {max_occurrences} "
+                                "occurrences of job " f"{name!r}; narrow the window or raise the bound")
+    # the schedule's next occurrence (a pending automatic retry displaces it into retry_next_run_at)
+    regular = job["retry_next_run_at"] if planner.pending_retry(job) else job["next_run_at"]
+    left = [t for t in found if regular is not None and t >= regular]
+    wanted = [t for t in found if t not in left]
+    audit = None if audit_role is None else {
+        "actor": actor[:255], "role": audit_role[:20], "action": "backfill", "target": name[:255], "outcome": "ok",
+        "details": json.dumps({"from": lo.isoformat(), "to": hi.isoformat(), "max": max_occurrences,
+                               "occurrences": len(found)})}
+    added = store.backfills.add_backfill(job["id"], wanted, requested_by=actor, requested_at=now, audit=audit)
+    return BackfillResult(job_name=name, window_start=lo, window_end=hi, occurrences=len(found),
+                          added=added["added"], already_run=added["already_run"],
+                          already_pending=added["already_pending"], left_to_schedule=left,
+                          requested_by=actor, requested_at=now)
+
+
+def retry_run(store: Store, run_id: int, now: dt.datetime, *, requested_by: str | None = None) -> Row:
+    """Run run ``run_id``'s occurrence again (Oban Web's retry, Hangfire's requeue): a new run with the same
+    ``scheduled_at`` and the next ``attempt``, made pending (durable) for a supervisor to start through
+    the normal path (cap, mode, lease) at its next poll, while the job is Active. Returns the pending
+    entry (``job_name``, ``scheduled_at``, ``attempt``, ``retry_of_run_id``, ``requested_by``, ...).
+
+    Raises :class:`NotFoundError` (``id``) for an unknown run; :class:`InputError` (``id``) when the run
+    has not ended, when another run of the job is live and its concurrency mode is not Concurrent, or when
+    a retry of this occurrence is already pending; nothing is written then."""
+    run = get_run(store, run_id)
+    actor = _actor(requested_by)
+    job = store.get_job_by_id(run["job_id"])
+    if job is None:
+        raise NotFoundError("id", f"the job of run {run_id} no longer exists")
+    if run["status"] == RunStatus.RUNNING.value:
+        raise InputError("id", f"run {run_id} is still running: wait for it to end, or cancel it (`runs cancel`)")
+    if job["concurrency_mode"] != ConcurrencyMode.CONCURRENT:
+        live = store.backfills.live_run_id(job["id"])
+        if live is not None:
+            raise InputError("id", f"job {job['name']!r} has a live run ({live}) and concurrency_mode "
+                                   f"{job['concurrency_mode']} runs one at a time: wait for it or cancel it")
+    scheduled_at = run["scheduled_at"]
+    if scheduled_at is not None and job["retry_at"] is not None and job["retry_scheduled_at"] == scheduled_at:
+        raise InputError("id", f"an automatic retry of this occurrence is already pending (attempt "
+                               f"{job['retry_attempt']} at {job['retry_at']:%Y-%m-%dT%H:%M:%SZ})")
+    waiting = store.backfills.pending_retry(job["id"], scheduled_at, run_id)
+    if waiting is not None:
+        raise InputError("id", f"a retry of this occurrence is already pending (attempt {waiting['attempt']}, "
+                               f"requested by {waiting['requested_by']})")
+    attempt = (store.backfills.attempts_of(job["id"], scheduled_at) if scheduled_at is not None
+               else run["attempt"]) + 1
+    entry = store.backfills.add_retry(job["id"], scheduled_at, attempt, retry_of_run_id=run_id,
+                                      requested_by=actor, requested_at=now)
+    return {**{str(k): v for k, v in entry.items()}, "job_name": job["name"], "job_status": job["status"]}
+
+
 def run_output(store: Store, run_id: int, after_seq: int = -1) -> tuple[list[tuple[int, str]], bool]:
     """Run ``run_id``'s captured output after chunk ``after_seq`` as ``(seq, text)`` chunks in order, and
     whether the run is still Running (read first: once it is not, the chunks returned are all there is).

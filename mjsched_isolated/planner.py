@@ -428,3 +428,23 @@ def pending_retry(job: Row) -> bool:
     """True when the job's due ``next_run_at`` is a pending retry (its ``retry_at``), not an occurrence."""
     return (job.get("retry_attempt") is not None and job.get("retry_at") is not None
             and job.get("retry_scheduled_at") is not None and job.get("retry_at") == job.get("next_run_at"))
+
+
+DEFAULT_BACKFILL_MAX = 100  # occurrences a backfill may add unless the caller raises the bound
+
+
+def occurrences_in_window(job: Row, start: dt.datetime, end: dt.datetime, limit: int) -> list[dt.datetime]:
+    """The job's occurrences whose cron instant lies in ``[start, end]`` (aware), as the regular schedule
+    would give them as ``next_run_at`` values (its zone and DST policies, delayed by its jitter), none
+    before ``start_at`` or past ``end_at``: a backfill's occurrences. At most ``limit`` + 1 are computed,
+    so a caller can tell a window larger than its bound. Raises :class:`CronError` for a bad cron or zone."""
+    out: list[dt.datetime] = []
+    start_at = job.get("start_at")
+    when = occurrence_after(job, max(start, start_at) - _TICK if start_at else start - _TICK)
+    while when <= end and len(out) <= limit:
+        instant = _within_end(job, when)
+        if instant is None:
+            break
+        out.append(instant)
+        when = occurrence_after(job, when)
+    return out

@@ -445,3 +445,63 @@ def test_supervisors_show_their_cap_and_version(make_client, store):
     assert (row["max_concurrent_jobs"], row["version"], row["alive"]) == (7, __version__, True)
     page = make_client().get("/").text
     assert "<th>cap</th><th>version</th>" in page and f"<td>7</td><td>{__version__}</td>" in page
+
+
+# -- backfill, retry, roles, awkward names (h-backfill) ---------------------------------------------------------
+def test_backfill_and_retry_buttons_post_with_csrf_and_are_audited(make_client, store):
+    job = add_job(store, "alpha", "nap", "0 * * * *", next_run_at=dt.datetime(2099, 1, 1, tzinfo=UTC))
+    record_run(store, job["id"], status="Failed", error="x")
+    client = make_client()
+    page = client.get("/jobs/alpha").text
+    assert 'action="/api/jobs/alpha/backfill"' in page
+    assert 'action="/api/runs/1/retry"' in client.get("/runs/1").text
+    assert client.post("/api/jobs/alpha/backfill", json={"from": "2026-11-30T00:00", "to": "2026-11-30T02:00"}
+                       ).status_code == 403  # no CSRF token
+    token = {"X-CSRF-Token": csrf_of(client)}
+    done = client.post("/api/jobs/alpha/backfill", headers=token,
+                       json={"from": "2026-11-30T00:00:00Z", "to": "2026-11-30T02:00:00Z"})
+    assert done.status_code == 202, done.text
+    assert len(done.json()["backfill"]["added"]) == 3
+    form = client.post("/api/jobs/alpha/backfill", data={"csrf_token": token["X-CSRF-Token"], "max": "2",
+                                                         "from": "2026-11-30T00:00", "to": "2026-11-30T03:00",
+                                                         "next": "/jobs/alpha"})
+    assert form.status_code == 303 and "error=max%3A" in form.headers["location"]
+    assert "3 occurrence(s) waiting" in client.get("/jobs/alpha").text
+    retried = client.post("/api/runs/1/retry", headers=token)
+    assert retried.status_code == 202 and retried.json()["retry"]["attempt"] == 2
+    assert [(r["action"], r["target"], r["outcome"]) for r in audit_rows(store)] == [
+        ("backfill", "alpha", "refused"), ("backfill", "alpha", "ok"), ("backfill", "alpha", "error"),
+        ("retry", "1", "ok")]
+    assert store.backfills.pending(job["id"])[0] == 4
+
+
+def test_a_viewer_sees_no_action_buttons_and_an_operator_does(make_client, store):
+    job = add_job(store, "alpha", "nap")
+    record_run(store, job["id"], status="Failed", error="x")
+    with store.engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job["id"], started_at=dt.datetime.now(UTC), status="Running",
+                                          executed_by_instance="sup-a"))
+    client = make_client(operator_password=OPERATOR_PW, viewer_password=VIEWER_PW)
+    pages = ("/", "/jobs/alpha", "/runs", "/runs/1", "/runs/2")
+    for password, shown in ((VIEWER_PW, False), (OPERATOR_PW, True)):
+        token = csrf_of(client, "/login")
+        client.post("/login", data={"password": password, "csrf_token": token, "next": "/"})
+        text = "".join(client.get(path).text for path in pages)
+        for action in ("/run", "/pause", "/update", "/backfill", "/cancel", "/retry"):
+            assert (f'{action}" class=' in text or f'{action}"' in text) is shown, (password, action)
+        client.post("/logout", data={"csrf_token": csrf_of(client)})
+
+
+# (a literal "%" is left out: Starlette's test client decodes the path twice, uvicorn once)
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "a/../b", "x/run", "sp ace?#&", "ünï/.."])
+def test_every_job_name_is_reachable_from_its_links_and_its_buttons_work(make_client, store, name):
+    add_job(store, name, "nap")
+    client = make_client()
+    listing = client.get("/jobs").text
+    href = re.search(r'<td><a href="([^"]+)">', listing).group(1).replace("&amp;", "&")
+    page = client.get(href)
+    assert page.status_code == 200 and f"<h1>{name.replace('&', '&amp;')} " in page.text, (href, page.text[:300])
+    action = re.search(r'action="([^"]+/pause[^"]*)"', page.text).group(1).replace("&amp;", "&")
+    done = client.post(action, data={"csrf_token": csrf_of(client), "next": href})
+    assert done.status_code == 303 and "flash=" in done.headers["location"], done.headers
+    assert store.get_job(name)["status"] == "Paused"

@@ -146,9 +146,9 @@ def reflect(engine: sa.Engine) -> dict:
 
 def without_0002(reflected: dict) -> dict:
     """What 0001 should be: the current schema minus what 0002 and later revisions add (tables
-    notifications, run_output, plugin_reloads, audit_log; columns below; 0006's ix_runs_started_at)."""
+    notifications, run_output, plugin_reloads, audit_log, backfills; columns below; 0006's ix_runs_started_at)."""
     out = {k: v for k, v in reflected.items()
-           if k not in ("notifications", "run_output", "plugin_reloads", "audit_log")}
+           if k not in ("notifications", "run_output", "plugin_reloads", "audit_log", "backfills")}
 
     def before_0013(check: tuple) -> tuple:  # 0013 allowed two more concurrency modes
         name, text = check
@@ -599,7 +599,7 @@ def test_0015_upgrade_keeps_every_run_and_old_runs_have_no_late_result(backend_u
         old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
         assert not LATE_RESULT_COLUMNS & set(old_columns["runs"])
         before = snapshot(engine, old_columns)
-        command_upgrade_to(engine, "0015")
+        migrate.upgrade(engine)  # to head (0015; 0013 rebuilds the jobs table on SQLite with foreign keys off)
         assert snapshot(engine, old_columns) == before
         with engine.connect() as conn:
             late = conn.execute(sa.select(*[runs.c[c] for c in sorted(LATE_RESULT_COLUMNS)])).all()
@@ -617,6 +617,8 @@ def test_0015_upgrade_keeps_every_run_and_old_runs_have_no_late_result(backend_u
         assert (run["late_status"], run["late_completed_at"], run["late_details"]) == ("Completed", ended, {"é": 1})
     finally:
         store.close()
+
+
 def test_0013_upgrade_keeps_rows_allows_replace_and_queue_all_and_downgrades_them(backend_url):
     """0012 -> head with data: every row and column kept (on SQLite the jobs table is rebuilt), old jobs get
     max_queued 10; Replace and QueueAll are accepted afterwards, another mode still refused by the CHECK
@@ -648,5 +650,35 @@ def test_0013_upgrade_keeps_rows_allows_replace_and_queue_all_and_downgrades_the
             assert conn.execute(sa.text("SELECT COUNT(*) FROM runs")).scalar() == len(schema.RUN_STATUSES)
         with pytest.raises((sa.exc.IntegrityError, sa.exc.OperationalError)), engine.begin() as conn:
             conn.execute(sa.text("UPDATE jobs SET concurrency_mode = 'Replace' WHERE id = 1"))
+    finally:
+        engine.dispose()
+
+
+
+def test_0014_upgrade_keeps_rows_adds_an_empty_backfills_table_that_takes_pending_occurrences(backend_url):
+    """0012 -> head with data: every row kept, no pending backfill; afterwards an occurrence can be made
+    pending once per attempt, and removing the job removes its pending entries."""
+    from mjsched_isolated.store.schema import backfills
+
+    engine = make_at(backend_url, "0012")
+    try:
+        fill(engine)
+        inspector = sa.inspect(engine)
+        old_columns = {t: [c["name"] for c in inspector.get_columns(t)] for t in ("jobs", "runs", "supervisors")}
+        before = snapshot(engine, old_columns)
+        migrate.upgrade(engine)
+        assert snapshot(engine, old_columns) == before
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(backfills)).scalar() == 0
+        entry = {"job_id": 2, "scheduled_at": T0, "requested_at": T0, "requested_by": "ann"}
+        with engine.begin() as conn:
+            conn.execute(backfills.insert().values(**entry))
+            conn.execute(backfills.insert().values(**entry, attempt=2, kind="Retry", retry_of_run_id=10))
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(backfills.insert().values(**entry))
+        store = Store(engine)
+        store.remove_job("plain")
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(backfills)).scalar() == 0
     finally:
         engine.dispose()

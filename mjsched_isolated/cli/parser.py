@@ -32,7 +32,7 @@ from mjsched_isolated.enums import (
     RunStatus,
     values,
 )
-from mjsched_isolated.planner import DEFAULT_MAX_QUEUED, RETRY_ON_CHOICES
+from mjsched_isolated.planner import DEFAULT_BACKFILL_MAX, DEFAULT_MAX_QUEUED, RETRY_ON_CHOICES
 
 EPILOG = """\
 examples:
@@ -227,6 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
         p = jobs_p.add_parser(verb, parents=[common, *extra], help=text)
         p.add_argument("name", help="the job's name")
         _reads(p, func, read_only=verb == "show")
+    bf = jobs_p.add_parser("backfill", parents=[common, as_json], formatter_class=fmt,
+                           help="run a job's occurrences of a past window (pending until a supervisor runs them)",
+                           epilog="example:\n  mjsched jobs backfill report --from 2026-11-30T00:00 "
+                                  "--to 2026-11-30T23:59\n"
+                                  "naive times are in the job's timezone; occurrences that already ran are "
+                                  "not added again")
+    bf.add_argument("name", help="the job's name")
+    bf.add_argument("--from", dest="window_start", required=True, metavar="ISO", help="the window's start (included)")
+    bf.add_argument("--to", dest="window_end", required=True, metavar="ISO",
+                    help="the window's end (included, not in the future)")
+    bf.add_argument("--max", dest="max_occurrences", type=int, default=DEFAULT_BACKFILL_MAX, metavar="N",
+                    help=f"refuse a window of more than N occurrences (default {DEFAULT_BACKFILL_MAX})")
+    bf.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
+    _reads(bf, jobs.cmd_backfill)
     sync = jobs_p.add_parser("sync", parents=[common], help="create or update jobs from a TOML file, all or nothing")
     sync.add_argument("file", help="TOML file of [[jobs]] tables (fields as in `jobs add`, by store name)")
     _reads(sync, jobs.cmd_sync)
@@ -250,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="wait up to S seconds (default 60) for the run to end, and say how it ended; exit 1 if "
                          "it finished before the cancel took effect or is still running")
     _reads(rc, runs.cmd_cancel)
+    rr = runs_p.add_parser("retry", parents=[common, as_json],
+                           help="run a run's occurrence again now: same scheduled_at, next attempt (a supervisor "
+                                "starts it at its next poll)")
+    rr.add_argument("id", type=int, help="the run's id")
+    rr.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
+    _reads(rr, runs.cmd_retry)
     rlogs = runs_p.add_parser("logs", parents=[common], help="print what a run wrote (stdout, stderr, logging)",
                               formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
     rlogs.add_argument("id", type=int, help="the run's id")

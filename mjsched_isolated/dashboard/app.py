@@ -1,10 +1,15 @@
 """The dashboard's ASGI application (Starlette): pages, their JSON under ``/api/``, actions, live updates.
 
 Every page ``/x`` has its JSON at ``/api/x`` (described by ``/api/openapi.json``). Actions are POSTs
-(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``,
-``/api/runs/{id}/cancel``); the pages' forms post to the same URLs
+(``/api/jobs/{name}/run``, ``/pause``, ``/resume``, ``/update``, ``/backfill``,
+``/api/runs/{id}/cancel``, ``/retry``); the pages' forms post to the same URLs
 and are sent back to the page (303) with a one-line message. Every action, refused ones too, is logged
-(logger ``mjsched.dashboard``) and stored in the audit log with who and when.
+(logger ``mjsched.dashboard``) and stored in the audit log with who and when. Only the operator role sees
+the action buttons (the viewer role's POSTs are refused anyway).
+
+Job names are any text without control characters, ``/`` included: links quote the whole name as one path
+segment (``%2F``), and the names ``.`` and ``..``, which browsers and HTTP clients resolve away as dot
+segments whatever their encoding, are linked as ``/job?name=..`` (and ``/api/job/<action>?name=..``).
 
 Live updates: ``/api/events`` is a server-sent event stream that says ``change`` whenever the database's
 fingerprint (:meth:`DashboardViews.fingerprint`) changes, checked every ``poll_s`` seconds; the page's
@@ -27,8 +32,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
+import msgspec
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -53,6 +59,24 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 EDITABLE = ("cron_expression", "timezone", "description", "configuration", "concurrency_mode", "max_queued",
             "max_runtime_minutes")
+
+
+DOT_NAMES = (".", "..")  # names no path segment can carry: linked by query string
+
+
+def job_url(name: str, **query: Any) -> str:
+    """The job page of ``name`` (with ``query``): ``/jobs/<name as one quoted segment>``, or
+    ``/job?name=...`` for a name a URL path cannot hold (:data:`DOT_NAMES`)."""
+    if name in DOT_NAMES:
+        return "/job?" + urlencode({"name": name, **query})
+    return "/jobs/" + quote(name, safe="") + ("?" + urlencode(query) if query else "")
+
+
+def job_api(name: str, action: str) -> str:
+    """The POST URL of ``action`` on job ``name`` (see :func:`job_url`)."""
+    if name in DOT_NAMES:
+        return f"/api/job/{action}?" + urlencode({"name": name})
+    return f"/api/jobs/{quote(name, safe='')}/{action}"
 
 
 def utcnow() -> dt.datetime:
@@ -80,6 +104,8 @@ class Dashboard:
         self.env.filters["ms"] = lambda v: "" if v is None else f"{v:,.0f} ms"
         self.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False)
         self.env.globals["chart"] = charts.svg
+        self.env.globals["job_url"] = job_url
+        self.env.globals["job_api"] = job_api
         self.manual: set[str] = set()
         self.lock = threading.Lock()
 
@@ -189,7 +215,8 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
     pages = {
         "overview": lambda r: data.overview(store, dash.views, utcnow(), settings.database_url),
         "jobs": lambda r: data.jobs_page(dash.views, q(r)),
-        "job": lambda r: data.job_page(store, dash.views, r.path_params["name"], q(r), utcnow()),
+        "job": lambda r: data.job_page(store, dash.views, _job_name(r), {k: v for k, v in q(r).items() if k != "name"},
+                                       utcnow()),
         "runs": lambda r: data.runs_page(dash.views, q(r)),
         "run": lambda r: data.run_page(dash.views, r.path_params["run_id"]),
         "audit": lambda r: data.audit_page(dash.views, q(r)),
@@ -213,7 +240,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
                 if not isinstance(body, dict):
                     return dash.error(request, who, 400, "body: must be a JSON object")
                 form = body
-            target = request.path_params.get("name") or request.path_params.get("run_id")
+            target = _job_name(request) or request.path_params.get("run_id")
             token = request.headers.get("x-csrf-token") or (form.pop("csrf_token", None) if is_form else None)
             if not who.bearer and not dash.auth.csrf_ok(who.session, token if isinstance(token, str) else None):
                 await run_in_threadpool(dash.audit, who, request, name, target, "refused", {"reason": "no CSRF token"})
@@ -243,10 +270,13 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         return dash.error(request, who, status, message)
 
     def _redirect(request: Request, who: Who, target: Any, **message: str) -> Response:
-        fallback = ("/jobs/" + request.path_params["name"] if "name" in request.path_params else
+        name = _job_name(request)
+        fallback = (job_url(name) if name else
                     "/runs/" + request.path_params["run_id"] if "run_id" in request.path_params else "/")
         back = target if _safe_next(target) == target else fallback
-        back = back.split("?")[0] + "?" + urlencode(message)
+        path, _, query = back.partition("?")  # keep the name of a /job?name= page, drop an older message
+        kept = {k: v for k, v in parse_qsl(query) if k == "name"}
+        back = path + "?" + urlencode({**kept, **message})
         return dash.finish(RedirectResponse(back, 303), who)
 
     async def do_pause(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -283,6 +313,30 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         run = await run_in_threadpool(ops.cancel_run, store, number, who.actor)
         return 202, {"run": data._run_summary(run),
                      "message": f"run {number}: cancel requested; its supervisor stops it at its next lease renewal"}
+
+    async def do_backfill(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        start, end = _when(form, "from"), _when(form, "to")
+        bound = form.get("max") or ops.DEFAULT_BACKFILL_MAX
+        try:
+            bound = int(bound)
+        except (TypeError, ValueError):
+            raise InputError("max", f"must be an integer, got {bound!r}") from None
+        result = await run_in_threadpool(lambda: ops.backfill_job(store, name, start, end, utcnow(),
+                                                                  max_occurrences=bound, requested_by=who.actor,
+                                                                  audit_role=None))
+        return 202, {"backfill": msgspec.structs.asdict(result), "message": (
+            f"job {name!r}: {len(result.added)} occurrence(s) added for backfill ({len(result.already_run)} already "
+            f"run, {len(result.already_pending)} already pending, {len(result.left_to_schedule)} left to the "
+            "regular schedule)")}
+
+    async def do_retry(request: Request, who: Who, run_id: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        try:
+            number = int(run_id)
+        except ValueError:
+            raise InputError("id", f"must be an integer, got {run_id!r}") from None
+        entry = await run_in_threadpool(lambda: ops.retry_run(store, number, utcnow(), requested_by=who.actor))
+        return 202, {"retry": entry, "message": f"run {number}: retry pending as attempt {entry['attempt']}; a "
+                                                "supervisor starts it at its next poll"}
 
     # -- login ---------------------------------------------------------------------------------------
     async def login_page(request: Request) -> Response:
@@ -346,6 +400,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         Route("/", reader(pages["overview"], "overview.html")),
         Route("/jobs", reader(pages["jobs"], "jobs.html")),
         Route("/jobs/{name:path}", reader(pages["job"], "job.html")),
+        Route("/job", reader(pages["job"], "job.html")),  # ?name=: the names . and .. (see job_url)
         Route("/runs", reader(pages["runs"], "runs.html")),
         Route("/runs/{run_id}", reader(pages["run"], "run.html")),
         Route("/audit", reader(pages["audit"], "audit.html")),
@@ -364,8 +419,14 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         Route("/api/jobs/{name:path}/pause", action("pause", do_pause), methods=["POST"]),
         Route("/api/jobs/{name:path}/resume", action("resume", do_resume), methods=["POST"]),
         Route("/api/jobs/{name:path}/update", action("update", do_update), methods=["POST"]),
+        Route("/api/jobs/{name:path}/backfill", action("backfill", do_backfill), methods=["POST"]),
         Route("/api/runs/{run_id}/cancel", action("cancel", do_cancel), methods=["POST"]),
+        Route("/api/runs/{run_id}/retry", action("retry", do_retry), methods=["POST"]),
         Route("/api/jobs/{name:path}", reader(pages["job"], None)),
+        Route("/api/job", reader(pages["job"], None)),
+        *[Route(f"/api/job/{verb}", action(verb, handler), methods=["POST"]) for verb, handler in (
+            ("run", do_run), ("pause", do_pause), ("resume", do_resume), ("update", do_update),
+            ("backfill", do_backfill))],
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes)
@@ -389,6 +450,23 @@ def _run_in_background(dash: Dashboard, who: Who, remote: str | None, name: str)
                                  outcome=result, details=details, remote_addr=remote)
     except Exception as exc:  # noqa: BLE001 - the database went away: the log keeps it
         log.warning("audit of run now of job %s not stored: %s", name, exc)
+
+
+def _job_name(request: Request) -> str:
+    """The job a request is about: its ``{name}`` path segment, else its ``name`` query parameter."""
+    return request.path_params.get("name") or request.query_params.get("name") or ""
+
+
+def _when(form: dict[str, Any], key: str) -> dt.datetime:
+    """Form or JSON field ``key`` as a date-time (ISO-8601; naive: in the job's timezone). Raises
+    :class:`InputError` naming ``key``."""
+    value = form.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(key, f"required: an ISO-8601 date-time, got {value!r}")
+    try:
+        return dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InputError(key, f"not an ISO-8601 date-time: {value!r}") from None
 
 
 def _changes(form: dict[str, Any]) -> dict[str, Any]:

@@ -185,11 +185,14 @@ def upcoming(job: Mapping[str, Any], now: dt.datetime, count: int = UPCOMING) ->
 
 def job_page(store: Store, views: DashboardViews, name: str, params: Mapping[str, str],
              now: dt.datetime) -> dict[str, Any]:
-    """One job: its configuration and statistics, runs of the last day by status, upcoming occurrences
-    and its run history (keyset ``before``, ``limit``). Raises :class:`NotFoundError` (``name``)."""
+    """One job: its configuration and statistics, runs of the last day by status, upcoming occurrences,
+    its pending backfill (``pending_backfill_count`` and the first entries) and its run history (keyset
+    ``before``, ``limit``). Raises :class:`NotFoundError` (``name``)."""
     job = _job_summary(store.get_job(name))
     runs = runs_page(views, {**{k: v for k, v in params.items() if k in ("before", "limit")}, "job": name})
-    return {"job": job, "upcoming": upcoming(job, now),
+    pending_count, pending = store.backfills.pending(job["id"])
+    return {"job": job, "upcoming": upcoming(job, now), "pending_backfill_count": pending_count,
+            "pending_backfill": pending,
             "last_day": views.job_run_counts(job["id"], now - dt.timedelta(days=1)),
             "runs": runs["runs"], "next_before": runs["next_before"], "before": runs["before"], "modes": MODES}
 

@@ -49,6 +49,12 @@ EDIT = {"type": "object", "additionalProperties": False, "minProperties": 1, "pr
     "max_runtime_minutes": {"type": "integer", "minimum": 1}}}
 
 
+BACKFILL = {"type": "object", "required": ["from", "to"], "properties": {
+    "from": {"type": "string", "format": "date-time", "description": "the window's start (naive: the job's zone)"},
+    "to": {"type": "string", "format": "date-time", "description": "the window's end, not in the future"},
+    "max": {"type": "integer", "minimum": 1, "maximum": 10000, "description": "refuse more occurrences (100)"}}}
+
+
 def openapi_schema() -> dict[str, Any]:
     """The schema. Actions need ``X-CSRF-Token`` (from a page) or ``Authorization: Bearer``."""
     return {
@@ -75,6 +81,8 @@ def openapi_schema() -> dict[str, Any]:
             "/api/jobs/{name}/resume": _post("resume the job"),
             "/api/jobs/{name}/update": _post("change the job's schedule or configuration (validated like "
                                              "`jobs update`)", body=EDIT),
+            "/api/jobs/{name}/backfill": _post("run the job's occurrences of a past window (202: pending; like "
+                                               "`jobs backfill`)", body=BACKFILL, status="202"),
             "/api/runs": _get("runs newest first, filtered, keyset-paged", [
                 _q("job", {"type": "string", "maxLength": 200}, "job name"),
                 _q("status", {"type": "string", "enum": list(values(RunStatus))}, "run status"),
@@ -84,6 +92,10 @@ def openapi_schema() -> dict[str, Any]:
             "/api/runs/{run_id}/cancel": {"post": {
                 "summary": "ask the run's supervisor to cancel a live run (202; it stops at its next lease renewal)",
                 "parameters": [RUN_ID], "responses": {**_ok("cancel requested", "202"), "409": ERROR}}},
+            "/api/runs/{run_id}/retry": {"post": {
+                "summary": "run the run's occurrence again: same scheduled_at, next attempt (202: pending; like "
+                           "`runs retry`)", "parameters": [RUN_ID], "responses": {**_ok("retry pending", "202"),
+                                                                                 "409": ERROR}}},
             "/api/runs/{run_id}": {"get": {"summary": "one run", "parameters": [RUN_ID],
                 "responses": _ok("the run")}},
             "/api/audit": _get("the audit log, newest first", [BEFORE, LIMIT]),

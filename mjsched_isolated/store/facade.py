@@ -12,6 +12,7 @@ module                      owns
 :mod:`.views`               read-only views: ``get_run``, ``list_runs``, the ``status`` projections
 :mod:`.retention`           pruning runs and notifications
 :mod:`.output`              runs' captured output (``run_output`` chunks), ``plugins reload`` requests
+:mod:`.backfills`           pending occurrences outside the schedule (``jobs backfill``, ``runs retry``)
 :mod:`.records`             the typed rows (``TypedDict``) returned here; :class:`Claim`
 :mod:`.text`                fitting text/JSON to the column cap; :mod:`.errors`: refused data vs outage
 :mod:`.schema`              tables, engine, database clock; :mod:`.migrate`: the schema's revisions
@@ -32,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.store import schema
+from mjsched_isolated.store.backfills import Backfills
 from mjsched_isolated.store.jobs import Jobs, unreadable_next_run_at_chunk
 from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
@@ -74,6 +76,7 @@ class Store:
         self.retention = Retention(engine)
         self.output = RunOutput(engine)
         self.reloads = PluginReloads(engine)
+        self.backfills = Backfills(engine)
 
     @classmethod
     def open(cls, url: str, *, auto_upgrade: bool = False) -> Store:

@@ -21,7 +21,7 @@ from mjsched_isolated.store.outbox import insert_notices
 from mjsched_isolated.store.output import RunOutput
 from mjsched_isolated.store.predicates import lease_free
 from mjsched_isolated.store.records import JobRow, OutboxRow, Values
-from mjsched_isolated.store.schema import jobs, runs
+from mjsched_isolated.store.schema import backfills, jobs, runs
 
 WAITING_MODES = (ConcurrencyMode.QUEUE, ConcurrencyMode.QUEUE_ALL, ConcurrencyMode.REPLACE)
 """Modes whose due occurrence waits, not due, while the job's lease is live."""
@@ -108,6 +108,9 @@ class Jobs:
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
             job_runs = sa.select(runs.c.id).where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name)))
             RunOutput.delete_for_runs(conn, job_runs)
+            # its pending backfill (explicitly too, like run_output: a SQLite connection without foreign keys)
+            conn.execute(backfills.delete().where(
+                backfills.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
             conn.execute(runs.delete().where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name))))
             if conn.execute(jobs.delete().where(jobs.c.name == name)).rowcount != 1:
                 raise NotFoundError("name", f"no job named {name!r}")

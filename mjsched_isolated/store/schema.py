@@ -262,6 +262,25 @@ runs = sa.Table(
     sqlite_autoincrement=True,
 )
 
+# pending occurrences to run outside the regular schedule (revision 0014): `jobs backfill` (attempt 1 of each
+# occurrence of a past window that has no run) and `runs retry` (the next attempt of a run's occurrence). A
+# supervisor claims one by deleting its row in the transaction that inserts the run (mjsched_isolated.store.backfills)
+backfills = sa.Table(
+    "backfills", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("scheduled_at", UTCDateTime),  # the occurrence (None: a retry of a manual run)
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("kind", sa.String(20), nullable=False, server_default="Backfill"),  # Backfill or Retry
+    sa.Column("retry_of_run_id", sa.Integer),  # Retry: the run retried (no foreign key: it may be pruned)
+    sa.Column("requested_at", UTCDateTime, nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=False),
+    sa.CheckConstraint("kind IN ('Backfill', 'Retry')", name="ck_kind"),
+    # one pending entry per occurrence and attempt (idempotent requests); also the job's index
+    sa.UniqueConstraint("job_id", "scheduled_at", "attempt", name="uq_backfills_job_id_scheduled_at_attempt"),
+    sqlite_autoincrement=True,
+)
+
 supervisors = sa.Table(
     "supervisors", metadata,
     sa.Column("instance", sa.String(255), primary_key=True),

@@ -83,12 +83,17 @@ class Dispatcher:
         self.replacing: dict[int, dt.datetime] = {}
         # kills a run of ours and records it Cancelled, never retried (the supervisor's RunGuard.cancel)
         self.cancel_flight: Callable[[InFlight, dt.datetime, str], None] = lambda flight, now, reason: None
+        # pending backfill entries are read while there may be some that can start: after each rescan (new
+        # requests), while the last read found some, and when a backfill run of ours ended (its lease freed)
+        self.backfills_maybe = True
+        self._backfill_runs: set[int] = set()  # run ids of the backfill runs this supervisor started
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
         """Fail runs of dead supervisors, and give unscheduled Active jobs a next_run_at (e.g. a job activated
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
+        self.backfills_maybe = True
         self._forget_fixed_bad_jobs()
         self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         if self._next_advice_at is None or now >= self._next_advice_at:
@@ -171,7 +176,59 @@ class Dispatcher:
         self._claim_batch(to_run, now)
         if len(due) == limit:  # more may be due than this poll could look at: the live Skip ones too
             self.skip_live(now, known)
+        elif idle:  # the regular schedule first; workers it left idle run pending backfills and retries
+            self.dispatch_backfills(now, idle, types, known)
         self._forget_passed_skip_times(now)
+
+    def dispatch_backfills(self, now: dt.datetime, idle: list[Any], types: dict[int, set[str]],
+                           known: set[str]) -> None:
+        """Start pending backfill occurrences and ``runs retry`` requests (:mod:`mjsched_isolated.store.backfills`)
+        on the ``idle`` workers the regular schedule left (regular occurrences go first), oldest request
+        first, each claimed like any run: under the cap and the job's lease, so a non-Concurrent job runs one
+        at a time and its backfill waits while a run of it is live (Temporal's backfill with the schedule's
+        overlap policy, but never skipped: a pending occurrence waits). The job's ``next_run_at`` is not
+        touched. Held back while takeovers are held after a time jump. Not read at every poll: only while
+        there may be entries that can start (:attr:`backfills_maybe`), so an empty table costs nothing
+        between rescans; a new request starts within ``rescan_interval_s``."""
+        if self.clock.holding_takeovers(now):
+            return
+        if self._backfill_runs - set(self.inflight):  # one ended: the entries it held back may start now
+            self._backfill_runs &= set(self.inflight)
+            self.backfills_maybe = True
+        if not self.backfills_maybe:
+            return
+        found = self.store.backfills.due(len(idle), exclude=self._excluded())
+        self.backfills_maybe = bool(found)
+        taken: set[int] = set()
+        for entry, job in found:
+            concurrent = job["concurrency_mode"] == "Concurrent"
+            if not idle:
+                break
+            if job["id"] in taken and not concurrent:
+                continue  # its lease is ours now: the job's next entry waits for this run
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None:
+                if job["job_type"] not in known:
+                    self.unrunnable[job["id"]] = job["job_type"]
+                continue
+            timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+            deadline = now + dt.timedelta(seconds=timeout_s)
+            claim = self.store.backfills.claim(entry, take_lease=not concurrent, instance=self.settings.instance,
+                                               lease_s=timeout_s + self.settings.lease_ttl_s, deadline_at=deadline,
+                                               not_before=now)
+            if claim is None:
+                continue
+            taken.add(job["id"])
+            self._backfill_runs.add(claim.run_id)
+            idle.remove(worker)
+            log.info("job %s: %s of occurrence %s (attempt %d) requested by %s at %s starts as run %d", job["name"],
+                     entry["kind"].lower(), iso(entry["scheduled_at"], missing="none (a manual run)"),
+                     entry["attempt"], entry["requested_by"], iso(entry["requested_at"]), claim.run_id,
+                     extra=log_ctx(job))
+            self._hand_over(job, worker, entry["scheduled_at"], deadline, timeout_s, claim, now, 0, entry["attempt"],
+                            backfill=True)
+            if job["concurrency_mode"] == "Skip" and job["missed_run_policy"] != "RunAll":
+                self.skip_due_at[job["id"]] = job["next_run_at"]  # a regular occurrence meanwhile is skipped
 
     def _forget_passed_skip_times(self, now: dt.datetime) -> None:
         """A time in :attr:`skip_due_at` still passed after the poll was not skipped here (another supervisor
@@ -492,7 +549,9 @@ class Dispatcher:
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
                    timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0,
-                   attempt: int = 1) -> InFlight:
+                   attempt: int = 1, backfill: bool = False) -> InFlight:
+        """Record ``claim`` as in flight and send its ``RunRequest`` to ``worker``. ``backfill``: a pending
+        backfill or retry, whose start is not counted as lateness of its (past) occurrence."""
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.attempt = attempt
@@ -507,7 +566,8 @@ class Dispatcher:
         except OSError:
             log.warning("worker %d died before run %d reached it; its death will be recorded", worker.pid,
                         claim.run_id, extra=log_ctx(flight))
-        self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at else None)
+        self.metrics.run_started((started_at - scheduled_at).total_seconds() if scheduled_at and not backfill
+                                 else None)
         if missed:
             self.metrics.occurrences_missed("folded", missed)
         if log.isEnabledFor(logging.INFO):

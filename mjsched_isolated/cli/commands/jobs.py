@@ -90,6 +90,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(row)
     else:
+        pending = row.get("pending_backfill") or []
+        row["pending_backfill"] = ", ".join(
+            f"{render.fmt(p['scheduled_at']) if p['scheduled_at'] else 'manual'} ({p['kind'].lower()}, attempt "
+            f"{p['attempt']}, by {p['requested_by']})" for p in pending) + (
+            ", ..." if row.get("pending_backfill_count", 0) > len(pending) else "") or None
         render.listing(row)
     return Exit.OK
 
@@ -157,4 +162,28 @@ def cmd_sync(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         created, updated = ops.apply_jobs(store, specs, utcnow())
     print(f"{args.file}: {created} job(s) created, {updated} updated")
+    return Exit.OK
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """``jobs backfill``: make the window's occurrences pending; a running ``serve`` starts them."""
+    start, end = iso_arg("--from", args.window_start), iso_arg("--to", args.window_end)
+    assert start is not None and end is not None  # required options
+    with open_store(args) as store:
+        try:
+            result = ops.backfill_job(store, args.name, start, end, utcnow(), max_occurrences=args.max_occurrences,
+                                      requested_by=args.by)
+        except InputError as exc:
+            flags = {"from": "--from", "to": "--to", "max": "--max", "requested_by": "--by"}
+            raise (exc.renamed(flags[exc.field]) if exc.field in flags else exc) from None
+    if args.json:
+        render.print_json(result)
+        return Exit.OK
+    print(f"job {render.safe(args.name)!r}: {len(result.added)} occurrence(s) added for backfill "
+          f"({result.occurrences} in {render.fmt(result.window_start)} .. {render.fmt(result.window_end)}; "
+          f"{len(result.already_run)} already run, {len(result.already_pending)} already pending, "
+          f"{len(result.left_to_schedule)} left to the regular schedule)")
+    if result.added:
+        print(f"first {render.fmt(result.added[0])}, last {render.fmt(result.added[-1])}: a running `serve` starts "
+              "them one by one under the job's concurrency mode")
     return Exit.OK

@@ -8,7 +8,7 @@ import time
 
 from mjsched_isolated import ops
 from mjsched_isolated.cli import render
-from mjsched_isolated.cli.commands import open_store
+from mjsched_isolated.cli.commands import open_store, utcnow
 from mjsched_isolated.cli.exits import Exit
 from mjsched_isolated.errors import InputError, NotFoundError
 
@@ -142,4 +142,23 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"{'would prune' if args.dry_run else 'pruned'} {result.pruned} finished run(s) older than "
               f"{retention.keep_days:g} days (keeping the newest {retention.keep_min_per_job} per job) and "
               f"{result.notifications_pruned} delivered or given-up notification(s)")
+    return Exit.OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """``runs retry``: make the next attempt of the run's occurrence pending; a running ``serve`` starts it."""
+    if not 0 < args.id < 2**63:
+        raise NotFoundError("id", f"no run with id {args.id}")
+    with open_store(args) as store:
+        try:
+            entry = ops.retry_run(store, args.id, utcnow(), requested_by=args.by)
+        except InputError as exc:
+            raise (exc.renamed("--by") if exc.field == "requested_by" else exc) from None
+    if args.json:
+        render.print_json(entry)
+        return Exit.OK
+    occurrence = render.fmt(entry["scheduled_at"]) if entry["scheduled_at"] else "a manual run"
+    waits = "" if entry["job_status"] == "Active" else f"; the job is {entry['job_status']}: it starts once resumed"
+    print(f"retry of run {args.id} (job {render.safe(entry['job_name'])}, occurrence {occurrence}) pending as attempt "
+          f"{entry['attempt']}: a running `serve` starts it at its next poll{waits}")
     return Exit.OK

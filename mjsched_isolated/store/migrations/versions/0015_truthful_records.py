@@ -1,7 +1,7 @@
 """runs.late_status, late_completed_at, late_error_message, late_details: the true result of an abandoned run
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-02
 
 A run whose supervisor stopped renewing its lease is recorded Failed ("abandoned: ...") by another
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
