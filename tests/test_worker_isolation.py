@@ -338,3 +338,28 @@ def test_a_fork_bomb_under_a_process_limit_is_contained_and_cleaned_up(plugins):
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     assert facts["error"].startswith(f"process limit {limit} exceeded"), facts
     assert facts["after"] is True and facts["left"] == 1  # the watchdog only: the bomb was killed and reaped
+
+
+@pytest.mark.parametrize("where", ["raise", "error_message", "details"])
+def test_a_lone_surrogate_in_a_result_is_sent_as_u_fffd_not_a_dead_worker(plugins, where):
+    """A non-UTF-8 file name read by os.listdir holds a lone surrogate ('bad\\udcffname'); in an exception,
+    an error message or details it used to kill the worker ("worker died (exit code 1)") and lose the
+    real error. The result now arrives with U+FFFD in its place, from the same worker."""
+    (plugins / "surrogate.py").write_text(
+        "from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult\n\n\n"
+        "class Surrogate(BaseScheduledJob):\n    job_type = 'surrogate'\n\n    def execute(self, context):\n"
+        "        name = 'bad\\udcffname'\n        where = context.configuration['where']\n"
+        "        if where == 'raise':\n            raise ValueError(f'bad file {name}')\n"
+        "        if where == 'error_message':\n"
+        "            return ScheduledJobResult(success=False, error_message=f'cannot process {name}')\n"
+        "        return ScheduledJobResult(success=True, details={'file': name, name: [name]})\n")
+    with OneWorker(str(plugins)) as one:
+        pid = one.worker.pid
+        finished = _finished(one.run("surrogate", json.dumps({"where": where})))
+        if where == "details":
+            clean = "bad\ufffdname"
+            assert finished.success and finished.details == {"file": clean, clean: [clean]}
+        else:
+            assert not finished.success and "bad\ufffdname" in finished.error_message
+        after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
+        assert after.success and after.details["pid"] == pid

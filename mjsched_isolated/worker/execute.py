@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import logging
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -194,9 +195,26 @@ def notice_text(plugin: BaseScheduledJob[Any], context: JobContext[Any],
     return None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def clean_text(value: object) -> str:
-    """A plugin's string as text every database stores: NUL (which PostgreSQL refuses) becomes U+FFFD."""
-    return str(value).replace("\x00", "\ufffd")
+    """A plugin's string as text every database stores and the pipe can encode: NUL (which PostgreSQL
+    refuses) and a lone surrogate (Python's stand-in for an undecodable byte of a file name from
+    ``os.listdir``, which UTF-8 cannot encode) become U+FFFD."""
+    return _SURROGATE.sub("\ufffd", str(value).replace("\x00", "\ufffd"))
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (plain JSON-like values) with every string, dict keys included, made encodable as UTF-8:
+    each lone surrogate becomes U+FFFD, as in the run's output. Other values are returned as they are."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
 
 
 class BadDetailsError(ValueError):
@@ -213,7 +231,10 @@ def clean_details(details: object) -> dict[str, Any] | None:
     if not isinstance(details, dict):
         raise BadDetailsError(f"details must be a JSON object (a dict), got {type(details).__name__}")
     try:
-        encoded = msgspec.json.encode(details, enc_hook=repr)
+        try:
+            encoded = msgspec.json.encode(details, enc_hook=repr)
+        except UnicodeEncodeError:  # a lone surrogate in a string: U+FFFD in its place (see clean_text)
+            encoded = msgspec.json.encode(scrub(details), enc_hook=repr)
     except RecursionError:
         raise BadDetailsError("details must be a JSON object without reference cycles, nested at most "
                          f"{MAX_DETAILS_DEPTH} levels") from None

@@ -29,7 +29,7 @@ import msgspec
 
 from mjsched_isolated import cgroups, logs, proctree, protocol
 from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
-from mjsched_isolated.worker.execute import run, validate
+from mjsched_isolated.worker.execute import run, scrub, validate
 from mjsched_isolated.worker.inbox import Inbox
 from mjsched_isolated.worker.output import OutputCapture
 
@@ -125,10 +125,14 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
             retiring = _after_run(baseline, message) or retiring
             result = msgspec.structs.replace(result, retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb)
             try:
-                sender.send(result)
+                try:
+                    sender.send(result)
+                except UnicodeEncodeError:  # a lone surrogate (a non-UTF-8 file name read by os.listdir, say)
+                    result = msgspec.convert(scrub(msgspec.to_builtins(result)), protocol.RunFinished)
+                    sender.send(result)  # the same result, each unencodable character as U+FFFD
             except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable plugin data
                 sender.send(protocol.RunFinished(
-                    run_id=result.run_id, success=result.success, error_message=result.error_message,
+                    run_id=result.run_id, success=result.success, error_message=scrub(result.error_message),
                     details={"encode_error": f"the result's details could not be sent: {type(exc).__name__}: {exc}"},
                     retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb))
             # after the result (its recording overlaps), before the next run
