@@ -505,3 +505,24 @@ def test_every_job_name_is_reachable_from_its_links_and_its_buttons_work(make_cl
     done = client.post(action, data={"csrf_token": csrf_of(client), "next": href})
     assert done.status_code == 303 and "flash=" in done.headers["location"], done.headers
     assert store.get_job(name)["status"] == "Paused"
+
+
+@pytest.mark.timeout(60)
+def test_stopping_the_dashboard_cancels_its_run_now_runs_and_releases_the_lease(store, db_url):
+    """A SIGTERM to the dashboard used to leave its Run now run Running (no worker, lease held, Run now
+    refused) until another supervisor abandoned it; serve() now calls stop_manual_runs after uvicorn stops."""
+    from mjsched_isolated.dashboard.app import stop_manual_runs
+
+    add_job(store, "alpha", "nap", "0 0 1 1 *", configuration={"seconds": 30})
+    settings = build_settings({"database_url": db_url, "plugins_dir": PLUGINS, "lease_renew_interval_s": 0.3,
+                               "lease_ttl_s": 3, "kill_grace_s": 0.5})
+    with TestClient(create_app(settings, store, poll_s=0.05), base_url="http://127.0.0.1",
+                    follow_redirects=False) as client:
+        assert client.post("/api/jobs/alpha/run", headers={"X-CSRF-Token": csrf_of(client)}).status_code == 202
+        wait_until(lambda: client.get("/api/runs?job=alpha").json()["runs"], 30, "the run to start")
+        dash = client.app.state.dashboard
+        [run_id] = stop_manual_runs(dash, wait_s=20)
+        assert not dash.manual and not any(t.is_alive() for t in dash.manual_threads)
+    run = store.get_run(run_id)
+    assert (run["status"], run["cancel_requested_by"]) == ("Cancelled", "dashboard stopped")
+    assert store.get_job("alpha")["locked_by_instance"] is None

@@ -50,6 +50,7 @@ from mjsched_isolated.dashboard.auth import COOKIE, Auth, Role, Session
 from mjsched_isolated.dashboard.openapi import openapi_schema
 from mjsched_isolated.enums import ConcurrencyMode
 from mjsched_isolated.errors import InputError, MjschedError, NotFoundError
+from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.dashboard_views import DashboardViews
 
@@ -107,6 +108,7 @@ class Dashboard:
         self.env.globals["job_url"] = job_url
         self.env.globals["job_api"] = job_api
         self.manual: set[str] = set()
+        self.manual_threads: list[threading.Thread] = []  # run-now threads (stop_manual_runs joins them)
         self.lock = threading.Lock()
 
     # -- who ------------------------------------------------------------------------------------------
@@ -300,8 +302,10 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
             if name in dash.manual:
                 raise ops.AlreadyRunningError(name, job["concurrency_mode"], None, None)
             dash.manual.add(name)
-        threading.Thread(target=_run_in_background, args=(dash, who, request.client.host if request.client else None,
-                                                         name), name=f"run-now-{name}", daemon=True).start()
+        thread = threading.Thread(target=_run_in_background, args=(
+            dash, who, request.client.host if request.client else None, name), name=f"run-now-{name}", daemon=True)
+        dash.manual_threads.append(thread)
+        thread.start()
         return 202, {"job_name": name, "accepted": True,
                      "message": f"job {name!r} started: its run appears in the list as soon as a worker takes it"}
 
@@ -432,6 +436,27 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
     app = Starlette(routes=routes)
     app.state.dashboard = dash
     return app
+
+
+def stop_manual_runs(dash: Dashboard, wait_s: float) -> list[int]:
+    """At the dashboard's stop: ask for every run its "Run now" buttons started and that is still live
+    to be cancelled (``ops.cancel_run``, by "dashboard stopped"), then wait up to ``wait_s`` seconds for
+    their threads, whose supervisors kill each run's tree at their next lease renewal and record it
+    Cancelled, releasing the job's lease (before, a SIGTERM left the run Running until another supervisor
+    abandoned it, and Run now of that job was refused until then). Returns the run ids asked to cancel."""
+    mine = MANUAL_INSTANCE_PREFIX + dash.settings.instance
+    asked = []
+    for run in dash.store.inflight_runs():
+        if run["executed_by_instance"] == mine:
+            try:
+                ops.cancel_run(dash.store, run["id"], "dashboard stopped")
+                asked.append(run["id"])
+            except MjschedError as exc:  # it ended meanwhile
+                log.info("run %d not cancelled at the dashboard's stop: %s", run["id"], exc)
+    give_up = time.monotonic() + wait_s
+    for thread in dash.manual_threads:
+        thread.join(max(0.0, give_up - time.monotonic()))
+    return asked
 
 
 def _run_in_background(dash: Dashboard, who: Who, remote: str | None, name: str) -> None:

@@ -43,7 +43,7 @@ def serve(settings: Settings) -> int:
     """Run the dashboard until SIGINT/SIGTERM; returns the exit code."""
     import uvicorn  # noqa: PLC0415 - the dashboard extra's packages, loaded only for this command
 
-    from mjsched_isolated.dashboard.app import create_app  # noqa: PLC0415 - needs the dashboard extra
+    from mjsched_isolated.dashboard.app import create_app, stop_manual_runs  # noqa: PLC0415 - needs the dashboard extra
 
     check_exposure(settings)
     dash = settings.dashboard
@@ -59,6 +59,10 @@ def serve(settings: Settings) -> int:
             shown = f"[{host}]" if ":" in host else host
             log.info("dashboard on http://%s:%d/ (database %s)", shown, port, redact_url(settings.database_url))
             server.run(sockets=[sock])
+            # its Run now runs end with it, as `jobs run` ends its run on Ctrl-C: cancelled, lease released
+            wait_s = settings.lease_renew_interval_s + settings.kill_grace_s + 5.0
+            if asked := stop_manual_runs(app.state.dashboard, wait_s):
+                log.info("dashboard stopped: cancelled its run(s) %s", ", ".join(map(str, asked)))
             return 0
         finally:
             store.close()
