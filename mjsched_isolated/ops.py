@@ -56,7 +56,8 @@ class AlreadyRunningError(MjschedError):
     def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None) -> None:
         self.name, self.holder = name, holder
         where = (f"its run holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
-                 if holder and locked_at else "its run ended just now; try again")
+                 if holder and locked_at else f"{holder} is starting or running it" if holder
+                 else "its run ended just now; try again")
         super().__init__(f"job {name!r} is already running ({where}); concurrency_mode {concurrency_mode} "
                          "refuses a second run")
 

@@ -193,3 +193,20 @@ def test_logs_follow_stops_with_exit_1_when_no_supervisor_is_alive_to_end_the_ru
     assert result.stdout == "so far\n"
     assert error_line(result).startswith(f"error: run {claim.run_id} is still Running but no supervisor is alive "
                                          "to end it (its holder gone-1 ")
+
+
+@pytest.mark.timeout(30)
+def test_cancel_of_a_run_no_supervisor_is_alive_to_end_says_so_and_exits_1(tmp_path, capsys, monkeypatch, db_url):
+    """The request is written (a supervisor started later acts on it), but the CLI no longer claims that a
+    dead holder "stops it at its next lease renewal"."""
+    cli = Cli(capsys, monkeypatch, tmp_path)
+    with Store.open(db_url) as store:
+        job = add_job(store, "j", "ok", YEARLY)
+        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
+                            deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
+        assert claim is not None
+    result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, "--by", "me", expect=1)
+    assert error_line(result).startswith(f"error: cancel of run {claim.run_id} (job j) requested, but no supervisor "
+                                         "is alive to end it")
+    with Store.open(db_url) as store:
+        assert store.get_run(claim.run_id)["cancel_requested_by"] == "me"

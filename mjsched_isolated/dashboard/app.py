@@ -299,8 +299,8 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
         if job["concurrency_mode"] != ConcurrencyMode.CONCURRENT and job["locked_by_instance"]:
             raise ops.AlreadyRunningError(name, job["concurrency_mode"], job["locked_by_instance"], job["locked_at"])
         with dash.lock:
-            if name in dash.manual:
-                raise ops.AlreadyRunningError(name, job["concurrency_mode"], None, None)
+            if name in dash.manual:  # its Run now from this dashboard is starting or running
+                raise ops.AlreadyRunningError(name, job["concurrency_mode"], "this dashboard's Run now", None)
             dash.manual.add(name)
         thread = threading.Thread(target=_run_in_background, args=(
             dash, who, request.client.host if request.client else None, name), name=f"run-now-{name}", daemon=True)

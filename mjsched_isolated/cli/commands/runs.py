@@ -74,8 +74,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             while row["status"] == "Running" and time.monotonic() < give_up:
                 time.sleep(min(WAIT_POLL_S, max(0.0, give_up - time.monotonic())))
                 row = ops.get_run(store, args.id)
+        orphan = _nobody_to_end(store, args.id) if row["status"] == "Running" else None
     if args.json:
         render.print_json(row)
+    elif orphan is not None:
+        print(f"error: cancel of run {row['id']} (job {row['job_name']}) requested, but {orphan}: the run "
+              "stays Running until `mjsched serve` runs (it records such a run Failed, abandoned)", file=sys.stderr)
+        return Exit.FAILED
     elif row["status"] == "Running":
         holder = row["executed_by_instance"]
         print(f"cancel of run {row['id']} (job {row['job_name']}) requested by {row['cancel_requested_by']}: "
@@ -86,7 +91,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     else:
         print(f"run {row['id']} (job {row['job_name']}) finished {row['status']} before the cancel took effect: "
               "the cancel came too late and the run keeps its outcome")
-    if args.wait is not None and row["status"] != "Cancelled":
+    if orphan is not None or (args.wait is not None and row["status"] != "Cancelled"):
         return Exit.FAILED
     return Exit.OK
 FOLLOW_POLL_S = 1.0  # the worker sends a live run's output about once a second
