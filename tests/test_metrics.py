@@ -59,7 +59,10 @@ def value(samples: dict, name: str, **labels: str) -> float:
 def test_metrics_count_runs_latency_durations_kills_and_health(store, db_url, serve):
     add_job(store, "quick", "ok", "* * * * * *")
     add_job(store, "slow", "sleep", "0 0 1 1 *", configuration=json.dumps({"seconds": 30}))
-    s = serve(db_url, "--metrics-port", "0", "--lease-timeout-s", "0.5", "--max-concurrent-jobs", "2")
+    # --kill-grace-s 0: SIGKILL at the deadline, so the worker dies and its slot is refilled (with a grace,
+    # a plugin without a SIGTERM handler ends at once and its worker lives on: no respawn to count)
+    s = serve(db_url, "--metrics-port", "0", "--lease-timeout-s", "0.5", "--max-concurrent-jobs", "2",
+              "--kill-grace-s", "0")
     port = int(s.wait_for(METRICS_LINE).group(1))
     s.wait_for(r"run \d+ finished: job slow Timeout")
     s.wait_for(r"run \d+ finished: job quick Completed")

@@ -15,11 +15,10 @@ def test_async_execute_runs_heartbeats_and_reuses_one_loop_per_worker():
     with OneWorker(FIXTURE_PLUGINS) as worker:
         first = worker.run("async_beat", json.dumps({"beats": 2, "gap_s": 0.3, "leave_task": True}))
         second = worker.run("async_beat", json.dumps({"beats": 0}))
-    started = [m for m in first if isinstance(m, protocol.RunStarted)]
     beats = [m for m in first if isinstance(m, protocol.Heartbeat)]
     done, again = first[-1], second[-1]
-    assert len(started) == 1 and len(beats) == 2  # 0.3 s apart: above the worker's 0.25 s throttle
-    assert started[0].at <= beats[0].at < beats[1].at
+    assert len(beats) == 2  # 0.3 s apart: above the worker's 0.25 s throttle (RunStarted: only at DEBUG)
+    assert beats[0].at < beats[1].at
     assert done.success and again.success, (done.error_message, again.error_message)
     assert again.details["pid"] == done.details["pid"]  # the same worker ...
     assert again.details["loop_id"] == done.details["loop_id"]  # ... and the same loop, reused
