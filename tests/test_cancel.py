@@ -104,12 +104,9 @@ def test_cancel_input_errors(mem_store):
 def test_cli_and_client_refuse_unknown_and_finished_runs(tmp_path, capsys, monkeypatch, db_url):
     cli = Cli(capsys, monkeypatch, tmp_path)
     with Store.open(db_url) as store:
-        job = add_job(store, "j", "ok", YEARLY)
-        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
-                            deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
-        assert claim is not None
-        assert store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Completed", success=True,
-                                error_message=None, details=None, duration_ms=1.0)
+        claim = _held_by_gone_supervisor(store)
+        assert store.finish_run(claim.run_id, store.get_job("j")["id"], claim.lock_token, status="Completed",
+                                success=True, error_message=None, details=None, duration_ms=1.0)
     result = cli("runs", "cancel", "99", "--db", db_url, expect=2)
     assert error_line(result) == "error: id: no run with id 99" and result.stdout == ""
     # an ended run is a refused request (exit 1), not bad input: a cancel racing the run's end is normal
@@ -184,10 +181,7 @@ def test_logs_follow_stops_with_exit_1_when_no_supervisor_is_alive_to_end_the_ru
     abandon it, used to poll for ever; now it says why and exits 1 (the output so far printed first)."""
     cli = Cli(capsys, monkeypatch, tmp_path)
     with Store.open(db_url) as store:
-        job = add_job(store, "j", "ok", YEARLY)
-        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
-                            deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
-        assert claim is not None
+        claim = _held_by_gone_supervisor(store)
         store.append_run_output(claim.run_id, 0, ["so far\n"], store.db_now())
     result = cli("runs", "logs", str(claim.run_id), "--follow", "--db", db_url, expect=1)
     assert result.stdout == "so far\n"
@@ -201,12 +195,19 @@ def test_cancel_of_a_run_no_supervisor_is_alive_to_end_says_so_and_exits_1(tmp_p
     dead holder "stops it at its next lease renewal"."""
     cli = Cli(capsys, monkeypatch, tmp_path)
     with Store.open(db_url) as store:
-        job = add_job(store, "j", "ok", YEARLY)
-        claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
-                            deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
-        assert claim is not None
+        claim = _held_by_gone_supervisor(store)
     result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, "--by", "me", expect=1)
     assert error_line(result).startswith(f"error: cancel of run {claim.run_id} (job j) requested, but no supervisor "
                                          "is alive to end it")
     with Store.open(db_url) as store:
         assert store.get_run(claim.run_id)["cancel_requested_by"] == "me"
+
+
+def _held_by_gone_supervisor(store: Store):
+    """A yearly job "j" whose run is Running, claimed by supervisor "gone-1", which never registered (no
+    supervisor is alive); returns the claim."""
+    job = add_job(store, "j", "ok", YEARLY)
+    claim = store.claim(job, now=job["next_run_at"], next_run_at=None, instance="gone-1", lease_s=60,
+                        deadline_at=job["next_run_at"], scheduled_at=job["next_run_at"])
+    assert claim is not None
+    return claim

@@ -304,7 +304,8 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
             dash.manual.add(name)
         thread = threading.Thread(target=_run_in_background, args=(
             dash, who, request.client.host if request.client else None, name), name=f"run-now-{name}", daemon=True)
-        dash.manual_threads.append(thread)
+        with dash.lock:  # the finished ones dropped: a long-lived dashboard does not keep them all
+            dash.manual_threads = [*(t for t in dash.manual_threads if t.is_alive()), thread]
         thread.start()
         return 202, {"job_name": name, "accepted": True,
                      "message": f"job {name!r} started: its run appears in the list as soon as a worker takes it"}
