@@ -313,3 +313,23 @@ def test_sigterm_before_a_deadline_kill_sends_the_output_so_far_tail_included(wr
     text = "".join(m.text for m in before + after if isinstance(m, protocol.RunOutput))
     assert text.count("LAST LINE before the hang") == 1 and "bytes of output left out" in text
     assert after[-1].success
+
+
+@pytest.mark.timeout(30)
+def test_a_shell_commands_stdout_and_stderr_are_the_runs_output_as_well_as_its_tails():
+    """A ``shell`` run's output is in ``runs logs`` like a plugin's prints (new-user review M1), not only
+    in ``details.stdout_tail``."""
+    import json
+
+    from worker_helpers import OneWorker
+
+    from mjsched_isolated import protocol
+
+    command = ["sh", "-c", "echo shell-out-1; echo shell-err >&2; echo shell-out-2"]
+    with OneWorker(None) as one:
+        messages = one.run("shell", json.dumps({"command": command}))
+    text = "".join(m.text for m in messages if isinstance(m, protocol.RunOutput))
+    assert all(line in text.splitlines() for line in ("shell-out-1", "shell-err", "shell-out-2")), text
+    assert text.index("shell-out-1") < text.index("shell-out-2")
+    finished = messages[-1]
+    assert isinstance(finished, protocol.RunFinished) and finished.success

@@ -7,6 +7,10 @@ exit, processes the command left behind in its group are killed unless ``kill_le
 false. The leader is not reaped until the group has been signalled, so its PID (= the group id) cannot be
 reused in between.
 
+What the command writes is also passed on, as it comes, to this process's own fd 1 (stdout) and fd 2
+(stderr): in a worker those are the run's output capture (:mod:`mjsched_isolated.worker.output`), so the
+command's output appears in ``runs logs`` like a plugin's prints, bounded by ``max_run_output_bytes``.
+
 Details (all durations in milliseconds): ``command``, ``exit_code`` (int, negative = killed by that
 signal, None if it never started), ``duration_ms``, ``timed_out``, ``stdout_tail`` / ``stderr_tail``
 (last ``output_tail_chars`` characters, UTF-8 with replacement), ``stdout_bytes`` / ``stderr_bytes``
@@ -175,6 +179,7 @@ class ShellJob(BaseScheduledJob[ShellConfiguration]):
                     data = os.read(key.fd, _READ_SIZE)
                     if data:
                         tails[key.fileobj].feed(data)
+                        _pass_on(1 if key.fileobj is proc.stdout else 2, data)
                     else:
                         sel.unregister(key.fileobj)
         finally:
@@ -205,6 +210,17 @@ class ShellJob(BaseScheduledJob[ShellConfiguration]):
         if stderr:
             body += f"\n\nLast stderr:\n{stderr}"
         return NotificationContent(subject=f"Scheduled job '{context.job_name}' failed", body=body, priority="High")
+
+
+def _pass_on(fd: int, data: bytes) -> None:
+    """Write ``data`` to this process's ``fd`` (1 or 2: in a worker, the run's output capture). A closed
+    or broken fd loses the copy, never the run (the tails in ``details`` are kept either way)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
 
 
 def _has_exited(proc: subprocess.Popen) -> bool:
