@@ -56,12 +56,15 @@ class Importing(msgspec.Struct, tag=True, frozen=True):
 class Ready(msgspec.Struct, tag=True, frozen=True):
     """First message of every child: its pid and what the built-in plugins and its plugins folder yielded.
     ``warnings``: one line each, for what loaded but deserves a word (a local plugin overriding a built-in
-    job type); unlike ``failures`` they cost no job type."""
+    job type); unlike ``failures`` they cost no job type. ``fallbacks``: one line per local module that
+    failed to import and was imported from its last good copy instead (logged as errors; see
+    :mod:`~mjsched_isolated.worker.loader`)."""
 
     pid: int
     plugins: list[PluginInfo]
     failures: list[LoadFailure]
     warnings: list[str] = []
+    fallbacks: list[str] = []
 
 
 class RunLimits(msgspec.Struct, frozen=True):

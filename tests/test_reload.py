@@ -226,3 +226,45 @@ def test_sighup_with_a_controlling_terminal_is_a_hang_up_that_drains_like_sigter
     finally:
         serve.stop()
         os.close(controller)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_refilled_while_a_broken_module_is_on_disk_imports_its_last_good_version(
+        versioned, db_url, store, driver_factory, caplog):
+    """New-user review M2: after a refused reload, a worker that replaces a killed one (or a crashed or
+    recycled one) still has the job type, with the code that last loaded, and the pool logs an error."""
+    import logging
+
+    d = driver_factory(plugins_dir=str(versioned), max_concurrent_jobs=1)
+    (first,) = d.pool.idle_workers()
+    _write_plugin(versioned / "versioned.py", VERSIONED.format(version="2 +"), bump_s=1)
+    d.until(lambda: d.supervisor.reloader.refused == 1)
+    caplog.set_level(logging.ERROR)
+    d.pool.kill(first)
+    d.until(lambda: [w.pid for w in d.pool.idle_workers()] not in ([], [first.pid]))
+    (refilled,) = d.pool.idle_workers()
+    assert "versioned" in {p.job_type for p in refilled.ready.plugins}
+    assert any("plugin module versioned.py no longer imports (SyntaxError" in r.getMessage()
+               and "last good version" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    add_job(store, "after-kill", "versioned", YEARLY)
+    d.until(lambda: [r["status"] for r in store.list_runs(job_name="after-kill")] == ["Completed"])
+    assert _run_details(store, "after-kill") == {"version": 1}  # the pre-edit code
+
+
+def test_the_last_good_copy_is_not_used_for_a_module_removed_then_added_back_broken(tmp_path):
+    """A removed module loses its copy: added back broken, it is a new module that fails (as at start)."""
+    from mjsched_isolated.worker.loader import load_plugins
+
+    folder, keep = tmp_path / "plugins", tmp_path / "keep"
+    folder.mkdir()
+    keep.mkdir()
+    (folder / "versioned.py").write_text(VERSIONED.format(version=1))
+    assert "versioned" in load_plugins(folder, builtins=False, keep_dir=keep).classes
+    (folder / "versioned.py").write_text(VERSIONED.format(version="2 +"))
+    kept = load_plugins(folder, builtins=False, keep_dir=keep)
+    assert "versioned" in kept.classes and kept.fallbacks and not kept.failures
+    (folder / "versioned.py").unlink()
+    assert load_plugins(folder, builtins=False, keep_dir=keep).classes == {}
+    (folder / "versioned.py").write_text(VERSIONED.format(version="2 +"))
+    broken = load_plugins(folder, builtins=False, keep_dir=keep)
+    assert "versioned" not in broken.classes and [f.module for f in broken.failures] == ["versioned.py"]

@@ -18,8 +18,10 @@ import math
 import multiprocessing
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -112,13 +114,17 @@ class Pool:
     and its slot backs off. ``max_tasks_per_child`` / ``max_memory_per_child_mb`` (None = off): a child
     over either limit after a run is recycled (see :mod:`recycling`): it gets no new run, is sent ``Stop``
     (killed if still alive after ``RECYCLE_STOP_TIMEOUT_S``), and its slot is refilled at once, without
-    the crash backoff. All methods are called from the supervisor's single thread.
+    the crash backoff. ``keep_good_plugins``: keep the last good copy of each local plugin module in a
+    temporary folder (made by :meth:`start`, removed by :meth:`close`) for refilled workers to import when
+    the file no longer does (see :mod:`~mjsched_isolated.worker.loader`); False for the reload probe.
+    All methods are called from the supervisor's single thread.
     """
 
     def __init__(self, size: int, plugins_dir: str | None, *, log_level: int = logging.INFO,
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text",
-                 max_run_output_bytes: int = 4 * 1024 * 1024, cgroups_mode: str = "auto"):
+                 max_run_output_bytes: int = 4 * 1024 * 1024, cgroups_mode: str = "auto",
+                 keep_good_plugins: bool = True):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -153,6 +159,10 @@ class Pool:
         self.cgroups_mode = cgroups_mode  # [isolation] cgroups: auto, v2, v1 or off
         self.cgroups: cgroups.Parent | None = None  # opened by start(): the workers' parent cgroup (or why none)
         self._cgroups_to_remove: list[cgroups.WorkerCgroup] = []  # killed, not empty yet: removed when they are
+        # the last good copy of each local plugin module, imported by a refilled worker when the file on disk
+        # no longer imports (a reload refused, see supervisor/reload.py and worker/loader.py); made by start()
+        self.keep_good_plugins = keep_good_plugins
+        self.keep_dir: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -178,6 +188,8 @@ class Pool:
             log.info("running as PID 1 (no init): orphaned processes that reach this process are reaped")
         if self.cgroups is None:
             self.cgroups = cgroups.Parent.open(self.cgroups_mode)
+        if self.keep_good_plugins and self.keep_dir is None:
+            self.keep_dir = tempfile.mkdtemp(prefix="mjsched-plugins-good-")
         for slot, worker in self.workers.items():
             if worker is None:
                 self._spawn(slot)
@@ -193,7 +205,7 @@ class Pool:
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,
                                                            self.import_timeout_s, self.fence_at, self.log_format,
                                                            dict(self.fatal_modules), self.max_run_output_bytes,
-                                                           group, terminating),
+                                                           group, terminating, self.keep_dir),
                                name=f"mjsched-worker-{slot}", daemon=False)
         with _worker_main_module():
             process.start()
@@ -242,6 +254,9 @@ class Pool:
                 log.warning("cgroups %s could not be removed: processes in them did not end", ", ".join(left))
             self.cgroups = None
             self._cgroups_to_remove = []
+        if self.keep_dir is not None:
+            shutil.rmtree(self.keep_dir, ignore_errors=True)
+            self.keep_dir = None
 
     # -- dispatch --------------------------------------------------------------------------------
     def idle_workers(self) -> list[Worker]:
@@ -317,6 +332,10 @@ class Pool:
                         if warning not in self._warned:
                             self._warned.add(warning)
                             log.warning("%s", warning)
+                    for fallback in message.fallbacks:  # a broken module on disk, its last good copy loaded
+                        if fallback not in self._warned:
+                            self._warned.add(fallback)
+                            log.error("worker %d: %s", message.pid, fallback)
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:

@@ -10,7 +10,9 @@ controlling terminal (see :mod:`~mjsched_isolated.supervisor.loop`).
 A reload first *probes* the new code: one extra worker child (a pool of one, outside the pool's slots)
 imports the plugins. If a module whose job types the current workers have now fails to import (a syntax
 error, a missing dependency), the reload is refused with an error naming the module and the first line
-of its error, and the current workers stay: their job types keep running the code they loaded. The next
+of its error, and the current workers stay: their job types keep running the code they loaded. A worker
+refilled meanwhile (a crash, a recycle, a kill at a deadline) imports the module's last good copy, kept by
+the pool (:mod:`~mjsched_isolated.worker.loader`), and the pool logs an error saying so. The next
 change on disk (or request) tries again. Otherwise :meth:`Pool.replace_all
 <mjsched_isolated.supervisor.pool.Pool.replace_all>` replaces every worker once its current run ends.
 The probe never blocks the loop: its pipe and sentinel are waited on with the pool's (:meth:`handles`).
@@ -134,7 +136,8 @@ class PluginReloader:
         log.info("plugin reload: %s; loading the new plugin code in a probe worker", why)
         self._probe = Pool(1, self.pool.plugins_dir, log_level=self.pool.log_level,
                            ready_timeout_s=self.pool.ready_timeout_s, import_timeout_s=self.pool.import_timeout_s,
-                           log_format=self.pool.log_format, cgroups_mode=self.pool.cgroups_mode)
+                           log_format=self.pool.log_format, cgroups_mode=self.pool.cgroups_mode,
+                           keep_good_plugins=False)  # the probe judges the files on disk, without fallback
         self._probe_give_up = mono + self.pool.ready_timeout_s * 2
         self._probe.start()
 

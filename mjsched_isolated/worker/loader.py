@@ -17,6 +17,15 @@ job type). A local job type with a built-in's name replaces the built-in and add
 given up: the module is a failure, its thread is left behind, and the worker serves the other job types. A
 module that ends the process while importing is named by the pool (see
 :class:`~mjsched_isolated.protocol.Importing`) and left out of later children through ``skip``.
+
+The last good version (``keep_dir``, given by the supervisor's pool): every local module that imports is
+copied there, the exact bytes that were run, as ``<keep_dir>/<file name>``. A local module that later
+fails to import (a typo saved while ``serve`` runs, whose reload the supervisor refused; see
+:mod:`~mjsched_isolated.supervisor.reload`) is imported from that copy instead, under the same module
+name, and ``fallbacks`` says so (the pool logs it as an error): a worker refilled after a crash, a
+recycle or a kill keeps the job types of the code that last loaded. A file no longer in the folder loses
+its copy (a module removed, then added back broken, is a new module). Not covered: a helper module
+(``_name.py``) that breaks; an import given up after ``import_timeout_s``.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class Registry:
         self.infos: list[PluginInfo] = []
         self.failures: list[LoadFailure] = []
         self.warnings: list[str] = []
+        self.fallbacks: list[str] = []  # modules that failed and were imported from their last good copy
 
 
 def builtin_dir() -> Path:
@@ -59,7 +69,8 @@ def builtin_dir() -> Path:
 
 
 def load_plugins(plugins_dir: str | Path | None, import_timeout_s: float = 10.0, *, builtins: bool = True,
-                 skip: Mapping[str, str] = {}, on_import: Callable[[str], None] | None = None) -> Registry:
+                 skip: Mapping[str, str] = {}, on_import: Callable[[str], None] | None = None,
+                 keep_dir: str | Path | None = None) -> Registry:
     """Load the built-in plugins (unless ``builtins`` is False: tests of one folder) and those of the local
     folder ``plugins_dir``.
 
@@ -68,6 +79,7 @@ def load_plugins(plugins_dir: str | Path | None, import_timeout_s: float = 10.0,
     ``module`` is the folder's path and whose ``error`` names it. ``skip``: module (a local file name, or a
     built-in's dotted name) -> why it is not imported (it becomes a failure with that text). ``on_import``
     is called with the same name just before each import. ``import_timeout_s``: seconds per module.
+    ``keep_dir``: the folder of last good copies (module docstring), or None: no copies, no fallback.
     """
     registry = Registry()
     if builtins:
@@ -85,9 +97,12 @@ def load_plugins(plugins_dir: str | Path | None, import_timeout_s: float = 10.0,
             module=str(folder), error=f"plugins folder {folder} cannot be read ({exc.strerror or exc})", folder=True))
         return registry
     _mount_local_package(folder)
+    keep = Path(keep_dir) if keep_dir is not None else None
+    if keep is not None:
+        _forget_removed(keep, {path.name for path in files})
     for path in files:
         _load_module(registry, path.name, path, f"{LOCAL_PACKAGE}.{path.stem}", False, import_timeout_s, skip,
-                     on_import)
+                     on_import, keep)
     return registry
 
 
@@ -125,15 +140,21 @@ def _mount_local_package(folder: Path) -> None:
 
 
 def _load_module(registry: Registry, key: str, path: Path, name: str, builtin: bool, timeout_s: float,
-                 skip: Mapping[str, str], on_import: Callable[[str], None] | None) -> None:
+                 skip: Mapping[str, str], on_import: Callable[[str], None] | None, keep: Path | None = None) -> None:
     """Import one plugin module (``key``: how failures, ``skip`` and ``on_import`` name it) and register
-    its job types."""
+    its job types. ``keep``: the folder of last good copies (local modules only; see the module docstring)."""
     if key in skip:
         registry.failures.append(LoadFailure(module=key, error=skip[key]))
         return
     if on_import is not None:
         on_import(key)
-    module, error, timed_out = _import_with_timeout(name, path, timeout_s)
+    module, error, timed_out = _import_with_timeout(name, path, timeout_s, keep / path.name if keep else None)
+    if module is None and keep is not None and not timed_out and (keep / path.name).is_file():
+        module, _, _ = _import_with_timeout(name, keep / path.name, timeout_s)
+        if module is not None:
+            registry.fallbacks.append(
+                f"plugin module {key} no longer imports ({_last_line(error or 'import failed')}); this worker "
+                f"imported its last good version instead (the code that last loaded); fix the file and save again")
     if module is None:
         registry.failures.append(LoadFailure(module=key, error=error or "import failed", import_timed_out=timed_out))
         return
@@ -156,14 +177,16 @@ def _register(registry: Registry, cls: type[BaseScheduledJob[Any]], key: str, bu
     registry.infos.append(info)
 
 
-def _import_with_timeout(name: str, path: Path, timeout_s: float) -> tuple[ModuleType | None, str | None, bool]:
+def _import_with_timeout(name: str, path: Path, timeout_s: float,
+                         copy_to: Path | None = None) -> tuple[ModuleType | None, str | None, bool]:
     """(module, None, False), (None, traceback text, False), or (None, why, True) when the import was given
-    up. The import runs in a daemon thread so a module that never finishes importing cannot hold the worker."""
+    up. The import runs in a daemon thread so a module that never finishes importing cannot hold the worker.
+    ``copy_to``: where the source that was run is copied once the import succeeded."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            outcome["module"] = _import_path(name, path)
+            outcome["module"] = _import_path(name, path, copy_to)
         except BaseException:  # noqa: BLE001 - SystemExit in a plugin must not end the child either
             outcome["error"] = traceback.format_exc()
 
@@ -175,8 +198,9 @@ def _import_with_timeout(name: str, path: Path, timeout_s: float) -> tuple[Modul
     return outcome.get("module"), outcome.get("error"), False
 
 
-def _import_path(name: str, path: Path) -> ModuleType:
-    """Import the file ``path`` as module ``name`` (its parent package is already in ``sys.modules``)."""
+def _import_path(name: str, path: Path, copy_to: Path | None = None) -> ModuleType:
+    """Import the file ``path`` as module ``name`` (its parent package is already in ``sys.modules``).
+    ``copy_to``: the bytes run are read once, compiled, and copied there after a successful import."""
     existing = sys.modules.get(name)
     if existing is not None and getattr(existing, "__file__", None) == str(path):
         return existing  # a built-in imported before in this process: the same classes again
@@ -184,13 +208,50 @@ def _import_path(name: str, path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    source = b""
     sys.modules[name] = module  # before running it: msgspec and relative imports look it up there
     try:
-        spec.loader.exec_module(module)
+        if copy_to is None:
+            spec.loader.exec_module(module)
+        else:
+            source = path.read_bytes()  # the very bytes run are the ones kept (the file may change meanwhile)
+            exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
     except BaseException:
         sys.modules.pop(name, None)
         raise
+    if copy_to is not None:
+        _keep_copy(copy_to, source)
     return module
+
+
+def _keep_copy(target: Path, source: bytes) -> None:
+    """Write ``source`` to ``target`` atomically (workers starting together may write the same file),
+    unless it holds that already. A failure only costs the fallback."""
+    try:
+        if target.is_file() and target.read_bytes() == source:
+            return
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(source)
+        os.replace(temporary, target)
+    except OSError:
+        pass
+
+
+def _forget_removed(keep: Path, names: set[str]) -> None:
+    """Delete the copies of modules no longer in the plugins folder."""
+    try:
+        with os.scandir(keep) as entries:
+            stale = [e.path for e in entries if e.name.endswith(".py") and e.name not in names]
+        for stale_path in stale:
+            os.unlink(stale_path)
+    except OSError:
+        pass
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a traceback (the exception), for one log line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
 
 
 def _job_classes(module: ModuleType) -> list[type[BaseScheduledJob[Any]]]:

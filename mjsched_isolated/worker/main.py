@@ -41,7 +41,7 @@ log = logging.getLogger("mjsched.child")
 def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
          skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024,
-         cgroup: cgroups.WorkerCgroup | None = None, terminating: Any = None) -> None:
+         cgroup: cgroups.WorkerCgroup | None = None, terminating: Any = None, keep_dir: str | None = None) -> None:
     """Child entry point (picklable, plain arguments only). ``plugins_dir``: the local plugins folder
     (None: ``./plugins`` if it exists; the built-in plugins always load, see
     :func:`~mjsched_isolated.worker.loader.load_plugins`). ``fence_at``: a shared double holding the
@@ -51,7 +51,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     and last halves; see :mod:`~mjsched_isolated.worker.output`). ``cgroup``: this worker's own cgroup
     (:mod:`~mjsched_isolated.cgroups`; the supervisor has moved it there already, joining again is a
     no-op), or None: cgroups are not used. ``terminating``: a shared byte the supervisor sets to 1 before
-    it sends SIGTERM at the run's deadline (see :func:`_on_sigterm`)."""
+    it sends SIGTERM at the run's deadline (see :func:`_on_sigterm`). ``keep_dir``: the pool's folder of
+    last good plugin copies (see :mod:`~mjsched_isolated.worker.loader`), or None."""
     global _terminating
     _terminating = terminating
     cgroup_error = None
@@ -83,10 +84,10 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
     from mjsched_isolated.worker.loader import load_plugins  # noqa: PLC0415 - lazy: only children load plugins
 
     registry = load_plugins(plugins_dir, import_timeout_s, skip=skip_modules or {},  # failures travel in Ready
-                            on_import=lambda module: sender.send(protocol.Importing(module=module)))
+                            on_import=lambda module: sender.send(protocol.Importing(module=module)), keep_dir=keep_dir)
     baseline = hygiene.ProcessState.capture()
     sender.send(protocol.Ready(pid=os.getpid(), plugins=registry.infos, failures=registry.failures,
-                               warnings=registry.warnings))
+                               warnings=registry.warnings, fallbacks=registry.fallbacks))
     inbox = Inbox(conn)  # a run's deadline extensions are read by its plugin's thread (context.deadline_at)
     while True:
         try:
