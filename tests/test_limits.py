@@ -88,3 +88,39 @@ def test_the_smallest_open_files_limit_accepted_still_lets_a_shell_command_start
     (run,) = store.list_runs(job_name="tight")
     assert (run["status"], run["error_message"]) == ("Completed", None), run
     assert run["details"]["stdout_tail"] == f"{low}\n"
+
+
+def test_a_shell_command_failing_at_its_memory_limit_is_recorded_naming_the_limit(store, driver_factory):
+    """New-user review M3: a command refused memory (``MemoryError``, exit code 1) was recorded only as
+    ``exit code 1``; it names the limit now."""
+    import sys
+
+    command = [sys.executable, "-c", "bytearray(8 << 30)"]  # 8 GiB: refused by RLIMIT_DATA at once
+    add_job(store, "greedy-shell", "shell", YEARLY, configuration=json.dumps({"command": command}), max_memory_mb=50)
+    add_job(store, "unlimited-fail", "shell", YEARLY,
+            configuration=json.dumps({"command": ["sh", "-c", "echo 'Cannot allocate memory' >&2; exit 3"]}))
+    d = driver_factory(max_concurrent_jobs=1)
+    d.until(lambda: all(r["status"] != "Running" for name in ("greedy-shell", "unlimited-fail")
+                        for r in store.list_runs(job_name=name) or [{"status": "Running"}]))
+    (run,) = store.list_runs(job_name="greedy-shell")
+    assert run["status"] == "Failed"
+    assert run["error_message"].startswith("memory limit 50 MB probably exceeded (stderr: MemoryError")
+    assert run["error_message"].endswith("; exit code 1")
+    (plain,) = store.list_runs(job_name="unlimited-fail")  # no limit set: no guess
+    assert plain["error_message"] == "exit code 3"
+
+
+def test_limit_guesses_need_the_limit_set_and_its_usual_message():
+    from mjsched_isolated.worker.limit_hints import guess
+
+    fork = {"exit_code": 2, "stderr_tail": "sh: 1: Cannot fork\nsh: fork: Resource temporarily unavailable\n"}
+    assert guess(RunLimits(max_processes=5), fork) == (
+        "process limit 5 probably exceeded (stderr: sh: fork: Resource temporarily unavailable)")
+    assert guess(RunLimits(max_memory_mb=5), fork) is None  # not the memory limit's message
+    assert guess(None, fork) is None
+    files = {"exit_code": 1, "stderr_tail": "OSError: [Errno 24] Too many open files: 'x'" + "y" * 500}
+    assert guess(RunLimits(max_open_files=32), files).startswith("open files limit 32 probably exceeded (stderr: OSE")
+    assert len(guess(RunLimits(max_open_files=32), files)) < 200
+    assert guess(RunLimits(max_cpu_s=2), {"exit_code": -24}) == (
+        "CPU time limit 2 s probably exceeded (killed by SIGXCPU)")
+    assert guess(RunLimits(max_memory_mb=5), {"exit_code": 1}) is None  # no stderr_tail (not a shell run)

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from mjsched_isolated import cgroups, logs, proctree, protocol
-from mjsched_isolated.worker import accounting, hygiene, limits, watchdog
+from mjsched_isolated.worker import accounting, hygiene, limit_hints, limits, watchdog
 from mjsched_isolated.worker.execute import run, scrub, validate
 from mjsched_isolated.worker.inbox import Inbox
 from mjsched_isolated.worker.output import OutputCapture
@@ -118,6 +118,8 @@ def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: 
                 _in_run = False
             cpu_s, max_rss_mb = meter.stop()
             verdict = limits.memory_verdict(applied) or limits.cpu_verdict(applied, cpu_budget)
+            if verdict is None and not result.success and applied is not None:  # a command's stderr names it
+                verdict = limit_hints.guess(message.limits, result.details)
             if verdict is not None and not result.success:  # a command of the run hit a tree-wide limit
                 result = msgspec.structs.replace(result, error_message=f"{verdict}; {result.error_message}"[:4000])
             retiring = limits.restore(applied)
