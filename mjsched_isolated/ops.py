@@ -314,8 +314,9 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
     occurrences at or after it are left to the regular schedule. Written in one transaction with an
     ``audit_log`` row (``audit_role``; None: the caller audits, as the dashboard does).
 
-    Raises :class:`NotFoundError` (``name``); :class:`InputError` naming ``from``/``to`` (not a date-time,
-    ``from`` before 1970, ``to`` before ``from`` or after ``now``), ``max`` (not 1 to
+    Raises :class:`NotFoundError` (``name``); :class:`InputError` naming ``name`` when the job is Expired or
+    Disabled (only Active jobs run pending entries; a Paused job's wait until it is resumed), ``from``/``to``
+    (not a date-time, ``from`` before 1970, ``to`` before ``from`` or after ``now``), ``max`` (not 1 to
     :data:`BACKFILL_MAX_LIMIT`, or the window holds more occurrences than it), ``requested_by``; nothing is
     written then."""
     if isinstance(max_occurrences, bool) or not isinstance(max_occurrences, int) \
@@ -323,6 +324,10 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
         raise InputError("max", f"must be an integer from 1 to {BACKFILL_MAX_LIMIT}, got {max_occurrences!r}")
     actor = _actor(requested_by)
     job = store.get_job(name)
+    if job["status"] in (JobStatus.EXPIRED, JobStatus.DISABLED):  # its pending entries would never run
+        how = ("its end_at has passed: move end_at later (jobs update) first" if job["status"] == JobStatus.EXPIRED
+               else "make it Active (its status in the jobs file, or jobs resume) first")
+        raise InputError("name", f"job {name!r} is {job['status']}: a backfill of it would never run; {how}")
     lo, hi = _window_bound("from", start, job), _window_bound("to", end, job)
     if lo < BACKFILL_EPOCH:
         raise InputError("from", f"must be after {BACKFILL_EPOCH.isoformat()}, got {lo.isoformat()}")

@@ -320,3 +320,24 @@ def test_client_backfill_and_retry(db_url):
         assert result.added == [T + dt.timedelta(hours=1)] and result.already_run == [T]
         assert client.retry_run(run_id)["attempt"] == 2
         assert client.get_job("k").pending_backfill_count == 2
+
+
+def test_backfill_of_an_expired_or_disabled_job_is_refused_naming_its_state(cli, db_url):
+    """New-user review M4: the entries of an Expired or Disabled job would never run (only Active jobs run
+    pending entries), so the request is refused, exit 2, one line, nothing written (CLI, Client, ops)."""
+    with Store.open(db_url) as store:
+        add_job(store, "gone", "ok", HOURLY, status="Expired", next_run_at=None)
+        add_job(store, "off", "ok", HOURLY, status="Disabled")
+        add_job(store, "napping", "ok", HOURLY, status="Paused", next_run_at=dt.datetime(2099, 1, 1, tzinfo=UTC))
+    window = ("--from", "2026-11-30T00:00:00Z", "--to", "2026-11-30T02:00:00Z", "--db", db_url)
+    for name, state in (("gone", "Expired"), ("off", "Disabled")):
+        err = cli("jobs", "backfill", name, *window, expect=2)
+        assert error_line(err).startswith(f"error: name: job {name!r} is {state}: a backfill of it would never run")
+        assert len(err.stderr.strip().splitlines()) == 1
+    with Client(db_url, plugins_dir=FIXTURE_PLUGINS) as client, pytest.raises(InputError, match="is Expired"):
+        client.backfill_job("gone", T, T + dt.timedelta(hours=1))
+    assert len(json.loads(cli("jobs", "backfill", "napping", *window, "--json").stdout)["added"]) == 3  # waits
+    with Store.open(db_url) as store:
+        assert [store.backfills.pending(store.get_job(n)["id"])[0] for n in ("gone", "off")] == [0, 0]
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar() == 1  # napping only

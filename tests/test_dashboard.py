@@ -475,6 +475,26 @@ def test_backfill_and_retry_buttons_post_with_csrf_and_are_audited(make_client, 
     assert store.backfills.pending(job["id"])[0] == 4
 
 
+def test_backfill_api_wants_a_positive_integer_max_and_an_active_or_paused_job(make_client, store):
+    """New-user review L2 (``max`` "5", 5.5, true were accepted from JSON) and M4 (an Expired or Disabled
+    job's backfill was accepted and never ran)."""
+    job = add_job(store, "alpha", "nap", "0 * * * *", next_run_at=dt.datetime(2099, 1, 1, tzinfo=UTC))
+    add_job(store, "gone", "nap", "0 * * * *", status="Expired", next_run_at=None)
+    client = make_client()
+    token = {"X-CSRF-Token": csrf_of(client)}
+    window = {"from": "2026-11-30T00:00:00Z", "to": "2026-11-30T02:00:00Z"}
+    for bad in ("5", 5.5, True, 0, -1, "five"):
+        refused = client.post("/api/jobs/alpha/backfill", headers=token, json={**window, "max": bad})
+        assert refused.status_code == 400 and refused.json()["error"].startswith("max: must be a positive integer")
+    assert store.backfills.pending(job["id"])[0] == 0
+    expired = client.post("/api/jobs/gone/backfill", headers=token, json=window)
+    assert expired.status_code == 400 and expired.json()["error"].startswith("name: job 'gone' is Expired")
+    assert client.post("/api/jobs/alpha/backfill", headers=token, json={**window, "max": 3}).status_code == 202
+    form = client.post("/api/jobs/alpha/backfill", data={"csrf_token": token["X-CSRF-Token"], "max": "5", **window,
+                                                         "next": "/jobs/alpha"})
+    assert form.status_code == 303 and "error" not in form.headers["location"]  # a form's digits are fine
+
+
 def test_a_viewer_sees_no_action_buttons_and_an_operator_does(make_client, store):
     job = add_job(store, "alpha", "nap")
     record_run(store, job["id"], status="Failed", error="x")

@@ -321,11 +321,8 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
 
     async def do_backfill(request: Request, who: Who, name: str, form: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         start, end = _when(form, "from"), _when(form, "to")
-        bound = form.get("max") or ops.DEFAULT_BACKFILL_MAX
-        try:
-            bound = int(bound)
-        except (TypeError, ValueError):
-            raise InputError("max", f"must be an integer, got {bound!r}") from None
+        bound = _positive_int("max", form.get("max"), ops.DEFAULT_BACKFILL_MAX, from_form=request.headers.get(
+            "content-type", "").startswith(("application/x-www-form-urlencoded", "multipart/form-data")))
         result = await run_in_threadpool(lambda: ops.backfill_job(store, name, start, end, utcnow(),
                                                                   max_occurrences=bound, requested_by=who.actor,
                                                                   audit_role=None))
@@ -539,3 +536,15 @@ def _safe_next(value: Any) -> str:
 
 def _next_of(request: Request) -> str:
     return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+
+
+def _positive_int(field: str, raw: Any, default: int, *, from_form: bool) -> int:
+    """A positive integer from a form post (``from_form``: digits) or a JSON body (an integer number, not a
+    bool, a float or a string); absent (or an empty form field): ``default``. Raises :class:`InputError`
+    naming ``field``."""
+    if raw is None or (from_form and raw == ""):
+        return default
+    value = int(raw) if from_form and isinstance(raw, str) and raw.isascii() and raw.isdigit() else raw
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(field, f"must be a positive integer, got {str(raw)[:40]!r}")
+    return value
