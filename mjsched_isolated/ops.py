@@ -251,13 +251,11 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
     kills its process tree at its next lease renewal (within ``lease_renew_interval_s``) and records it
     Cancelled, not counted as a failure. A run that finishes first keeps its outcome. Returns the run
     (still Running). Raises :class:`NotFoundError` (field ``id``) for an unknown run, :class:`InputError`
-    (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for an empty name."""
+    (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for a name that is
+    empty, longer than :data:`MAX_ACTOR_CHARS` or not one line of printable characters."""
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id < 2**63:
         raise InputError("id", f"no run with id {run_id!r}")
-    actor = default_actor() if requested_by is None else requested_by
-    if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
-        raise InputError("requested_by", f"must be a name of 1 to 255 characters, got {actor!r}")
-    row = store.request_cancel(run_id, actor.strip())
+    row = store.request_cancel(run_id, _actor(requested_by))
     if row is None:
         raise NotFoundError("id", f"no run with id {run_id}")
     if row["status"] != RunStatus.RUNNING.value:
@@ -289,11 +287,22 @@ class BackfillResult(msgspec.Struct, frozen=True, kw_only=True):
     requested_at: dt.datetime
 
 
+MAX_ACTOR_CHARS = 200  # a ``requested_by`` name (one line)
+
+
 def _actor(requested_by: str | None) -> str:
-    actor = default_actor() if requested_by is None else requested_by
-    if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
-        raise InputError("requested_by", f"must be a name of 1 to 255 characters, got {actor!r}")
-    return actor.strip()
+    """``requested_by`` stripped, or :func:`default_actor` (cut to :data:`MAX_ACTOR_CHARS`). Raises
+    :class:`InputError` (``requested_by``) unless it is one line of 1 to :data:`MAX_ACTOR_CHARS` characters
+    without control characters; the error shows at most the first 40 characters of it."""
+    if requested_by is None:
+        return default_actor()[:MAX_ACTOR_CHARS]
+    actor = requested_by.strip() if isinstance(requested_by, str) else None
+    if actor is None or not 1 <= len(actor) <= MAX_ACTOR_CHARS or not actor.isprintable():
+        shown = repr(requested_by[:40]) + (f"... ({len(requested_by)} characters)" if len(requested_by) > 40 else "") \
+            if isinstance(requested_by, str) else repr(requested_by)
+        raise InputError("requested_by", f"must be one line of 1 to {MAX_ACTOR_CHARS} printable characters, "
+                                         f"got {shown}")
+    return actor
 
 
 def _window_bound(field: str, value: Any, job: Mapping[str, Any]) -> dt.datetime:

@@ -95,10 +95,13 @@ def test_cancel_input_errors(mem_store):
     for bad in (0, -1, True, "7"):
         with pytest.raises(InputError, match=r"^id: "):
             ops.cancel_run(store, bad, "alice@laptop")  # type: ignore[arg-type]
-    for who in ("", "   ", "x" * 256):
-        with pytest.raises(InputError, match=r"^requested_by: "):
+    for who in ("", "   ", "x" * 201, "ann\nforged line", "tab\there", "x" * 10_000):
+        with pytest.raises(InputError, match=r"^requested_by: must be one line of 1 to 200 printable") as err:
             ops.cancel_run(store, 42, who)
+        assert "\n" not in str(err.value) and len(str(err.value)) < 200  # new-user L3: never echoed in full
     assert "@" in ops.default_actor()
+    with pytest.raises(NotFoundError):  # the longest name accepted, non-ASCII letters included
+        ops.cancel_run(store, 42, "ü" * 200)
 
 
 def test_cli_and_client_refuse_unknown_and_finished_runs(tmp_path, capsys, monkeypatch, db_url):
@@ -114,6 +117,10 @@ def test_cli_and_client_refuse_unknown_and_finished_runs(tmp_path, capsys, monke
     assert error_line(result).startswith(f"error: id: run {claim.run_id} is not running: it ended Completed")
     result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, "--by", "", expect=2)
     assert error_line(result).startswith("error: --by: ")
+    for by in ("ann\nforged: line", "x" * 10_000):  # new-user L3: one line, the value cut in the error
+        result = cli("runs", "cancel", str(claim.run_id), "--db", db_url, "--by", by, expect=2)
+        assert error_line(result).startswith("error: --by: must be one line of 1 to 200 printable characters")
+        assert len(result.stderr.strip().splitlines()) == 1 and len(result.stderr) < 250
     with Client(db_url) as client, pytest.raises(NotFoundError):
         client.cancel_run(99)
 
