@@ -333,3 +333,18 @@ def test_a_shell_commands_stdout_and_stderr_are_the_runs_output_as_well_as_its_t
     assert text.index("shell-out-1") < text.index("shell-out-2")
     finished = messages[-1]
     assert isinstance(finished, protocol.RunFinished) and finished.success
+
+
+def test_the_left_out_marker_is_on_a_line_of_its_own_even_after_the_head_was_sent_cut_in_a_line():
+    """New-user review L6: the head, sent live while the run wrote, ended inside a line and the marker was
+    glued to it (``aaaa[... 9950 bytes of output left out ...]``)."""
+    from mjsched_isolated.worker.output import _RunBuffer
+
+    for flushed_live in (True, False):
+        buffer = _RunBuffer(1, 100)
+        buffer.take(b"a" * 10_000)  # no newline at all: the head (50 bytes) is cut inside the line
+        sent = buffer.take_pending() if flushed_live else ""
+        text = sent + buffer.finish(100)
+        lines = text.splitlines()
+        assert lines[0] == "a" * 50 and lines[1].startswith("[... 9900 bytes of output left out"), text
+        assert lines[1].endswith("...]") and lines[2] == "a" * 50

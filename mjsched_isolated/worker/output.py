@@ -56,6 +56,7 @@ class _RunBuffer:
         self.tail_bytes = 0
         self.omitted = 0
         self.total = 0
+        self.line_open = False  # the text handed out so far ends inside a line (no "\n" last)
 
     def take(self, data: bytes) -> None:
         self.total += len(data)
@@ -79,6 +80,12 @@ class _RunBuffer:
     def take_pending(self) -> str:
         text = "".join(self.pending)
         self.pending, self.pending_bytes = [], 0
+        return self._handed(text)
+
+    def _handed(self, text: str) -> str:
+        """``text`` as handed out (sent), noting whether it leaves a line open."""
+        if text:
+            self.line_open = not text.endswith("\n")
         return text
 
     def snapshot(self, max_bytes: int) -> str:
@@ -91,17 +98,16 @@ class _RunBuffer:
 
     def finish(self, max_bytes: int, final: bool = True) -> str:
         """What is left to send when the run ends: the unsent head, the marker, the tail."""
-        text = self.take_pending() + (self.decoder.decode(b"", final=True) if final else "")
+        text = self.take_pending() + self._handed(self.decoder.decode(b"", final=True) if final else "")
         tail = b"".join(self.tail)
         if len(tail) > self.tail_limit:
             self.omitted += len(tail) - self.tail_limit
             tail = tail[len(tail) - self.tail_limit:]
-        if self.omitted:
-            if text and not text.endswith("\n"):
-                text += "\n"
-            text += (f"[... {self.omitted} bytes of output left out: the run wrote {self.total} bytes, "
-                     f"max_run_output_bytes is {max_bytes} (its first and last halves are kept) ...]\n")
-        return text + tail.decode("utf-8", errors="replace")
+        if self.omitted:  # the marker on a line of its own, also when the head was sent earlier (a cut line)
+            text += ("\n" if self.line_open else "") + self._handed(
+                f"[... {self.omitted} bytes of output left out: the run wrote {self.total} bytes, "
+                f"max_run_output_bytes is {max_bytes} (its first and last halves are kept) ...]\n")
+        return text + self._handed(tail.decode("utf-8", errors="replace"))
 
 
 class OutputCapture:
