@@ -390,6 +390,46 @@ def test_a_worker_the_kernel_killed_at_the_cgroup_memory_limit_is_recorded_as_th
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [pytest.param("auto", id="cgroup-memory")])
+def test_a_worker_killed_from_outside_is_not_blamed_on_memory_when_its_cgroup_counted_no_oom_kill(
+        plugins, mode, tmp_path):
+    """New-user review L5: a ``kill -9`` from outside was recorded "most likely the kernel's out-of-memory
+    killer" although the worker's cgroup accounting showed no out-of-memory kill."""
+    _usable(mode)
+    from mjsched_isolated.supervisor.guard import RunGuard
+
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        if one.worker.cgroup is None or one.worker.cgroup.memory_dir is None:
+            pytest.skip(f"no memory cgroup here: {one.pool.containment()}")
+        worker, started = one.worker, tmp_path / "started"
+        request = protocol.RunRequest(run_id=1, job_id=1, job_name="j", job_type="escape_and_wait",
+                                      configuration=json.dumps(str(started)),
+                                      limits=protocol.RunLimits(max_memory_mb=500))
+        one.pool.submit(worker, request)
+        wait_until(started.exists, 20, "the run's start")
+        os.kill(worker.pid, signal.SIGKILL)  # an operator's kill -9, not the kernel's
+        died = []
+        wait_until(lambda: died.extend(e for e in one.pool.wait(0.5)[0] if e.died) or died, 20, "the worker's death")
+        assert (died[0].exitcode, died[0].oom_killed, died[0].oom_evidence) == (-signal.SIGKILL, False, False)
+
+        recorded = {}
+
+        class Recorder:
+            def record(self, flight, now, **fields):
+                recorded.update(fields)
+
+        class Flight:
+            run_id, job = 1, {}
+            kill_at = None
+        guard = RunGuard(None, None, one.pool, None, Recorder(), {1: Flight()})
+        guard.on_death(died[0], None)
+        assert recorded["error_message"].endswith(
+            "(killed by signal SIGKILL): not sent by this supervisor, nor by the kernel's out-of-memory killer (the "
+            "worker's cgroup counted no out-of-memory kill): another process or a person killed it"), recorded
+        assert "probably" not in recorded["error_message"] and "most likely" not in recorded["error_message"]
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", [pytest.param("auto", id="cgroup-pids")])
 def test_a_fork_bomb_under_a_process_limit_is_contained_also_as_root(plugins, mode):
     """RLIMIT_NPROC does not bind root (the existing fork-bomb test needs an unprivileged uid); the

@@ -205,7 +205,7 @@ class RunGuard:
                      f"{event.worker.pid} at its cgroup's memory limit ({how})")
         else:
             error = (f"worker process {event.worker.pid} died during the run ({how})"
-                     f"{death_hint(event.exitcode, flight.job.get('max_memory_mb') or limit_mb)}")
+                     f"{death_hint(event.exitcode, flight.job.get('max_memory_mb') or limit_mb, event.oom_evidence)}")
         self.recorder.record(flight, now, status="Failed", success=False, error_message=error)
 
     def shift(self, by: dt.timedelta, now: dt.datetime, jump_s: float) -> None:
@@ -225,13 +225,21 @@ class RunGuard:
                         "they had left", jump_s, len(self.inflight))
 
 
-def death_hint(exitcode: int | None, max_memory_mb: int | None) -> str:
+def death_hint(exitcode: int | None, max_memory_mb: int | None, oom_evidence: bool | None = None) -> str:
     """What a worker's death by a signal this supervisor did not send most likely means: SIGKILL from
-    the kernel's out-of-memory killer (naming the job's memory limit), SIGXCPU/SIGXFSZ from rlimits."""
+    the kernel's out-of-memory killer only when the worker's cgroup counted an out-of-memory kill
+    (``oom_evidence`` True), from someone else when it counted none (False), either without accounting
+    (None), naming the job's memory limit; SIGXCPU/SIGXFSZ from rlimits."""
     if exitcode == -signal.SIGKILL:
         limit = f"; the job's memory limit is {max_memory_mb} MB" if max_memory_mb else ""
-        return (f": not sent by this supervisor, most likely the kernel's out-of-memory killer (see the kernel "
-                f"log){limit}")
+        if oom_evidence is False:
+            return (": not sent by this supervisor, nor by the kernel's out-of-memory killer (the worker's cgroup "
+                    "counted no out-of-memory kill): another process or a person killed it")
+        if oom_evidence:
+            return (f": not sent by this supervisor, most likely the kernel's out-of-memory killer (the worker's "
+                    f"cgroup counted an out-of-memory kill){limit}")
+        return (f": not sent by this supervisor: the kernel's out-of-memory killer (see the kernel log) or another "
+                f"process{limit}")
     if exitcode == -signal.SIGXCPU:
         return ": its CPU time limit (max_cpu_s) was exceeded"
     if exitcode == -signal.SIGXFSZ:

@@ -105,6 +105,7 @@ class ChildEvent(msgspec.Struct):
     run: protocol.RunRequest | None = None
     culprit: str | None = None
     oom_killed: bool = False
+    oom_evidence: bool | None = None
 
 
 class Pool:
@@ -358,14 +359,17 @@ class Pool:
             self._kill_tree(worker)
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
-        oom_killed = (worker.run is not None and worker.cgroup is not None and worker.oom_kills is not None
-                      and (worker.cgroup.oom_kills() or 0) > worker.oom_kills)
+        # the cgroup's out-of-memory kills since the run began (since the worker began for a run without a
+        # memory limit: its cgroup is new with each worker); None: no memory accounting to tell
+        counted = worker.cgroup.oom_kills() if worker.run is not None and worker.cgroup is not None else None
+        oom_evidence = None if counted is None else counted > (worker.oom_kills or 0)
+        oom_killed = bool(oom_evidence) and worker.oom_kills is not None
         self._release_cgroup(worker)  # and in its cgroup, whatever their session (a worker killed from outside)
         worker.conn.close()
         code = worker.process.exitcode
         culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})")
         event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
-                           oom_killed=oom_killed)
+                           oom_killed=oom_killed, oom_evidence=oom_evidence)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
 
