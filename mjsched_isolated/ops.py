@@ -120,7 +120,7 @@ UNREACHABLE_MARKERS = ("connection refused", "could not connect", "can't connect
                        "lost connection", "the database system is starting up", "the database system is shutting down",
                        "no route to host", "network is unreachable", "could not translate host name",
                        "name or service not known", "temporary failure in name resolution")
-WAIT_BACKOFF_S = (0.1, 1.0)  # first and longest pause between tries while the database is unreachable
+WAIT_BACKOFF_S = (0.1, 0.5)  # first and longest pause between tries while the database is unreachable
 
 
 def database_unreachable(url: str, exc: BaseException) -> bool:
@@ -135,8 +135,8 @@ def database_unreachable(url: str, exc: BaseException) -> bool:
 def open_store_waiting(url: str, *, auto_upgrade: bool = False, wait_s: float | None = None,
                        on_wait: Callable[[int, float, str], None] | None = None, field: str = "--db") -> Store:
     """:func:`open_store` for ``serve``: while the database *server* is unreachable
-    (:func:`database_unreachable`), try again after a pause that doubles from 0.1 s to at most 1 s (so a
-    database that comes back is used within about a second), for at most ``wait_s`` seconds (None: as long
+    (:func:`database_unreachable`), try again after a pause that doubles from 0.1 s to at most 0.5 s (so a
+    database that comes back is used within a second), for at most ``wait_s`` seconds (None: as long
     as it takes). Before each pause ``on_wait(attempt, pause_s, reason)`` is called (log, health). Raises
     :class:`InputError` (``field``) for a configuration error at once, :class:`DatabaseUnreachableError` when
     ``wait_s`` runs out. Reads clocks and sleeps: an outer loop, like :func:`run_job`."""
