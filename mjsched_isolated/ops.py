@@ -36,6 +36,7 @@ from mjsched_isolated.errors import (
     first_line,
     msgspec_field_error,
 )
+from mjsched_isolated.isotime import iso
 from mjsched_isolated.jobspec import JobSpec
 from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
 from mjsched_isolated.store import Store, migrate
@@ -325,17 +326,17 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
     job = store.get_job(name)
     lo, hi = _window_bound("from", start, job), _window_bound("to", end, job)
     if lo < BACKFILL_EPOCH:
-        raise InputError("from", f"must be after {BACKFILL_EPOCH.isoformat()}, got {lo.isoformat()}")
+        raise InputError("from", f"must be after {iso(BACKFILL_EPOCH)}, got {iso(lo)}")
     if hi < lo:
-        raise InputError("to", f"must not be before from ({lo.isoformat()}), got {hi.isoformat()}")
+        raise InputError("to", f"must not be before from ({iso(lo)}), got {iso(hi)}")
     if hi > now:
-        raise InputError("to", f"must not be in the future (a backfill runs past occurrences), got {hi.isoformat()}")
+        raise InputError("to", f"must not be in the future (a backfill runs past occurrences), got {iso(hi)}")
     try:
         found = planner.occurrences_in_window(job, lo, hi, max_occurrences)
     except (MjschedError, OverflowError, ValueError) as exc:
         raise InputError("cron_expression", f"job {name!r} has no usable schedule: {first_line(exc)}") from None
     if len(found) > max_occurrences:
-        raise InputError("max", f"the window {lo.isoformat()} to {hi.isoformat()} holds more than {max_occurrences} "
+        raise InputError("max", f"the window {iso(lo)} to {iso(hi)} holds more than {max_occurrences} "
                                 "occurrences of job " f"{name!r}; narrow the window or raise the bound")
     # the schedule's next occurrence (a pending automatic retry displaces it into retry_next_run_at)
     regular = job["retry_next_run_at"] if planner.pending_retry(job) else job["next_run_at"]
