@@ -52,15 +52,21 @@ SYNC_ATTEMPTS = 3  # a sync that lost a name race to another supervisor's sync r
 
 
 class AlreadyRunningError(MjschedError):
-    """``run_job`` of a Skip job whose run holds the lease (``holder``: the supervisor, or None)."""
+    """``run_job`` of a Skip or Replace job whose run holds the lease (``holder``: the supervisor, or None;
+    ``run_id``: the live run, when known). A Replace job is not replaced by a manual run: the message says
+    to cancel the live run first (``runs cancel``)."""
 
-    def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None) -> None:
-        self.name, self.holder = name, holder
-        where = (f"its run holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
-                 if holder and locked_at else f"{holder} is starting or running it" if holder
+    def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None,
+                 run_id: int | None = None) -> None:
+        self.name, self.holder, self.run_id = name, holder, run_id
+        run = f"run {run_id}" if run_id is not None else "its run"
+        where = (f"{run} holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
+                 if holder and locked_at else f"{holder} is starting or running {run}" if holder
                  else "its run ended just now; try again")
+        hint = ("; `jobs run` does not replace a live run: cancel it first (`mjsched runs cancel "
+                f"{run_id if run_id is not None else 'ID'}`)" if concurrency_mode == ConcurrencyMode.REPLACE else "")
         super().__init__(f"job {name!r} is already running ({where}); concurrency_mode {concurrency_mode} "
-                         "refuses a second run")
+                         f"refuses a second run{hint}")
 
 
 class DatabaseUnreachableError(MjschedError):
@@ -512,9 +518,9 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     Kubernetes ``create job --from`` or a Temporal trigger, a Paused job runs too and stays Paused;
     ``on_paused`` is told first). Its schedule is left as it is. Registers as supervisor
     ``jobs-run-<instance>`` for the run. Reads clocks (an outer loop). Raises
-    :class:`AlreadyRunningError` when a Skip job's run is live, :class:`InputError` (``job_type``) when
-    its plugin is not available, ``TimeoutError`` when no worker becomes ready; ``KeyboardInterrupt``
-    cancels the run and propagates."""
+    :class:`AlreadyRunningError` when a Skip or Replace job's run is live (naming it), :class:`InputError`
+    (``job_type``) when its plugin is not available, ``TimeoutError`` when no worker becomes ready;
+    ``KeyboardInterrupt`` cancels the run and propagates."""
     from mjsched_isolated.supervisor import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
@@ -535,7 +541,9 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
         store.queue_now(job["id"], utcnow())
         return RunOutcome(run_id=None, queued=True, was_paused=paused)
     current = store.get_job(name)
-    raise AlreadyRunningError(name, job["concurrency_mode"], current["locked_by_instance"], current["locked_at"])
+    live = store.list_runs(job_name=name, status=RunStatus.RUNNING, limit=1)
+    raise AlreadyRunningError(name, job["concurrency_mode"], current["locked_by_instance"], current["locked_at"],
+                              live[0]["id"] if live else None)
 
 
 def load_jobs_file(settings: Settings, path: str) -> list[JobSpec]:
