@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
-import time
 import uuid
 
 import pytest
@@ -139,23 +137,17 @@ def test_cancel_from_another_process_kills_the_holders_process_tree(backend, tmp
             run_id = run["id"]
             holder = sups[run["executed_by_instance"].split("-")[0]]
             grandchild = int(holder.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
-            gone_at: list[float] = []  # when the grandchild (the deepest process of the tree) exited, wall clock
-            watcher = threading.Thread(target=lambda: (wait_gone([grandchild], 30), gone_at.append(time.time())),
-                                       daemon=True)  # a zombie counts as gone
-            watcher.start()
             result = cli("runs", "cancel", str(run_id), "--db", url, "--by", "ops@console", "--wait", "20")
+            # the tree is killed before the run is recorded Cancelled: gone by the time the CLI has read the
+            # record (a zombie awaiting its reaper counts as gone)
+            assert wait_gone([grandchild], timeout_s=0.5) == []
             assert result.stdout == f"run {run_id} (job long) Cancelled: cancelled by ops@console (runs cancel)\n"
             holder.wait_for(rf"run {run_id} of job long: cancelled by ops@console", 5, seen=True)
-            assert wait_gone([grandchild], timeout_s=5) == []
-            watcher.join(5)
             run = store.get_run(run_id)
-            # both from the request as written (the database's clock: this host's, for SQLite and the local server)
-            recorded_s = (run["completed_at"] - run["cancel_requested_at"]).total_seconds()
-            gone_s = gone_at[0] - run["cancel_requested_at"].timestamp()
-            print(f"{backend}: process tree gone {gone_s:.2f} s after the request, recorded Cancelled "
-                  f"{recorded_s:.2f} s after it (renewal interval {RENEW_INTERVAL_S} s)")
+            recorded_s = (run["completed_at"] - run["cancel_requested_at"]).total_seconds()  # the database's clock
+            print(f"{backend}: killed and recorded Cancelled {recorded_s:.2f} s after the request "
+                  f"(renewal interval {RENEW_INTERVAL_S} s)")
             # issue 12: within one renewal interval (the holder acts at its next renewal); slack for a loaded machine
-            assert gone_s < RENEW_INTERVAL_S + CANCEL_SLACK_S, gone_s
             assert recorded_s < RENEW_INTERVAL_S + CANCEL_SLACK_S, recorded_s
             run = store.get_run(run_id)
             assert (run["status"], run["cancel_requested_by"]) == ("Cancelled", "ops@console")
