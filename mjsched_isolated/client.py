@@ -225,7 +225,7 @@ class Client:
         """Run job ``name`` once now in a worker child, like ``mjsched jobs run``, and wait until its run is
         recorded; returns the run id (see :meth:`get_run` for its outcome). A Paused job runs and stays
         Paused. A Queue job whose run is live is queued instead (returns None). Raises
-        :class:`~mjsched_isolated.ops.AlreadyRunningError` for a Skip job whose run is live,
+        :class:`~mjsched_isolated.ops.AlreadyRunningError` for a Skip or Replace job whose run is live,
         :class:`InputError` (``job_type``) when its plugin is unavailable, ``TimeoutError`` when no worker
         becomes ready in ``settings.worker_ready_timeout_s``."""
         return ops.run_job(self._store, self.settings, name).run_id

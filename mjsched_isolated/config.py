@@ -323,7 +323,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     auto_upgrade: Annotated[bool, _doc("apply pending schema migrations at start instead of refusing to start")
                             ] = False
     wait_for_db_s: Annotated[float | None, _doc(
-        "serve started while the database server is unreachable retries (backoff up to 1 s, each try logged, "
+        "serve started while the database server is unreachable retries (backoff up to 0.5 s, each try logged, "
         "/healthz unhealthy) for at most this many seconds, then exits 1; unset: waits as long as it takes; "
         "0: exits at once")] = None
     retention: Retention = msgspec.field(default_factory=Retention)

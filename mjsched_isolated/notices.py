@@ -155,7 +155,7 @@ def for_skip(job: Row, occurrence: dt.datetime | None, *, event: str, reason: st
     policy), None unless the job has ``notify_on_missed``."""
     if not job.get("notify_on_missed"):
         return None
-    when = occurrence.isoformat() if occurrence else "-"
+    when = iso(occurrence)
     verb = "skipped" if event == "Skipped" else "missed"
     return Notice(event=event, job_id=job["id"], job_name=job["name"], run_id=None,
                   subject=f"Scheduled job '{job['name']}' {verb} an occurrence",

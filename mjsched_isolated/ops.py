@@ -36,6 +36,7 @@ from mjsched_isolated.errors import (
     first_line,
     msgspec_field_error,
 )
+from mjsched_isolated.isotime import iso
 from mjsched_isolated.jobspec import JobSpec
 from mjsched_isolated.status import MANUAL_INSTANCE_PREFIX, collect
 from mjsched_isolated.store import Store, migrate
@@ -51,15 +52,21 @@ SYNC_ATTEMPTS = 3  # a sync that lost a name race to another supervisor's sync r
 
 
 class AlreadyRunningError(MjschedError):
-    """``run_job`` of a Skip job whose run holds the lease (``holder``: the supervisor, or None)."""
+    """``run_job`` of a Skip or Replace job whose run holds the lease (``holder``: the supervisor, or None;
+    ``run_id``: the live run, when known). A Replace job is not replaced by a manual run: the message says
+    to cancel the live run first (``runs cancel``)."""
 
-    def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None) -> None:
-        self.name, self.holder = name, holder
-        where = (f"its run holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
-                 if holder and locked_at else f"{holder} is starting or running it" if holder
+    def __init__(self, name: str, concurrency_mode: str, holder: str | None, locked_at: dt.datetime | None,
+                 run_id: int | None = None) -> None:
+        self.name, self.holder, self.run_id = name, holder, run_id
+        run = f"run {run_id}" if run_id is not None else "its run"
+        where = (f"{run} holds the lease, taken by supervisor {holder} at {locked_at:%Y-%m-%dT%H:%M:%SZ}"
+                 if holder and locked_at else f"{holder} is starting or running {run}" if holder
                  else "its run ended just now; try again")
+        hint = ("; `jobs run` does not replace a live run: cancel it first (`mjsched runs cancel "
+                f"{run_id if run_id is not None else 'ID'}`)" if concurrency_mode == ConcurrencyMode.REPLACE else "")
         super().__init__(f"job {name!r} is already running ({where}); concurrency_mode {concurrency_mode} "
-                         "refuses a second run")
+                         f"refuses a second run{hint}")
 
 
 class DatabaseUnreachableError(MjschedError):
@@ -120,7 +127,7 @@ UNREACHABLE_MARKERS = ("connection refused", "could not connect", "can't connect
                        "lost connection", "the database system is starting up", "the database system is shutting down",
                        "no route to host", "network is unreachable", "could not translate host name",
                        "name or service not known", "temporary failure in name resolution")
-WAIT_BACKOFF_S = (0.1, 1.0)  # first and longest pause between tries while the database is unreachable
+WAIT_BACKOFF_S = (0.1, 0.5)  # first and longest pause between tries while the database is unreachable
 
 
 def database_unreachable(url: str, exc: BaseException) -> bool:
@@ -135,8 +142,8 @@ def database_unreachable(url: str, exc: BaseException) -> bool:
 def open_store_waiting(url: str, *, auto_upgrade: bool = False, wait_s: float | None = None,
                        on_wait: Callable[[int, float, str], None] | None = None, field: str = "--db") -> Store:
     """:func:`open_store` for ``serve``: while the database *server* is unreachable
-    (:func:`database_unreachable`), try again after a pause that doubles from 0.1 s to at most 1 s (so a
-    database that comes back is used within about a second), for at most ``wait_s`` seconds (None: as long
+    (:func:`database_unreachable`), try again after a pause that doubles from 0.1 s to at most 0.5 s (so a
+    database that comes back is used within a second), for at most ``wait_s`` seconds (None: as long
     as it takes). Before each pause ``on_wait(attempt, pause_s, reason)`` is called (log, health). Raises
     :class:`InputError` (``field``) for a configuration error at once, :class:`DatabaseUnreachableError` when
     ``wait_s`` runs out. Reads clocks and sleeps: an outer loop, like :func:`run_job`."""
@@ -339,17 +346,17 @@ def backfill_job(store: Store, name: str, start: dt.datetime, end: dt.datetime, 
         raise InputError("name", f"job {name!r} is {job['status']}: a backfill of it would never run; {how}")
     lo, hi = _window_bound("from", start, job), _window_bound("to", end, job)
     if lo < BACKFILL_EPOCH:
-        raise InputError("from", f"must be after {BACKFILL_EPOCH.isoformat()}, got {lo.isoformat()}")
+        raise InputError("from", f"must be after {iso(BACKFILL_EPOCH)}, got {iso(lo)}")
     if hi < lo:
-        raise InputError("to", f"must not be before from ({lo.isoformat()}), got {hi.isoformat()}")
+        raise InputError("to", f"must not be before from ({iso(lo)}), got {iso(hi)}")
     if hi > now:
-        raise InputError("to", f"must not be in the future (a backfill runs past occurrences), got {hi.isoformat()}")
+        raise InputError("to", f"must not be in the future (a backfill runs past occurrences), got {iso(hi)}")
     try:
         found = planner.occurrences_in_window(job, lo, hi, max_occurrences)
     except (MjschedError, OverflowError, ValueError) as exc:
         raise InputError("cron_expression", f"job {name!r} has no usable schedule: {first_line(exc)}") from None
     if len(found) > max_occurrences:
-        raise InputError("max", f"the window {lo.isoformat()} to {hi.isoformat()} holds more than {max_occurrences} "
+        raise InputError("max", f"the window {iso(lo)} to {iso(hi)} holds more than {max_occurrences} "
                                 "occurrences of job " f"{name!r}; narrow the window or raise the bound")
     # the schedule's next occurrence (a pending automatic retry displaces it into retry_next_run_at)
     regular = job["retry_next_run_at"] if planner.pending_retry(job) else job["next_run_at"]
@@ -525,9 +532,9 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     Kubernetes ``create job --from`` or a Temporal trigger, a Paused job runs too and stays Paused;
     ``on_paused`` is told first). Its schedule is left as it is. Registers as supervisor
     ``jobs-run-<instance>`` for the run. Reads clocks (an outer loop). Raises
-    :class:`AlreadyRunningError` when a Skip job's run is live, :class:`InputError` (``job_type``) when
-    its plugin is not available, ``TimeoutError`` when no worker becomes ready; ``KeyboardInterrupt``
-    cancels the run and propagates."""
+    :class:`AlreadyRunningError` when a Skip or Replace job's run is live (naming it), :class:`InputError`
+    (``job_type``) when its plugin is not available, ``TimeoutError`` when no worker becomes ready;
+    ``KeyboardInterrupt`` cancels the run and propagates."""
     from mjsched_isolated.supervisor import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
@@ -548,7 +555,9 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
         store.queue_now(job["id"], utcnow())
         return RunOutcome(run_id=None, queued=True, was_paused=paused)
     current = store.get_job(name)
-    raise AlreadyRunningError(name, job["concurrency_mode"], current["locked_by_instance"], current["locked_at"])
+    live = store.list_runs(job_name=name, status=RunStatus.RUNNING, limit=1)
+    raise AlreadyRunningError(name, job["concurrency_mode"], current["locked_by_instance"], current["locked_at"],
+                              live[0]["id"] if live else None)
 
 
 def load_jobs_file(settings: Settings, path: str) -> list[JobSpec]:

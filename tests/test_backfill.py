@@ -110,6 +110,7 @@ def test_backfill_refuses_bad_windows_and_a_window_over_the_bound_writing_nothin
         with pytest.raises(InputError) as err:
             ops.backfill_job(store, "b", lo, hi, NOW, **kw)
         assert err.value.field == field, (lo, hi, kw, str(err.value))
+        assert "+00:00" not in str(err.value)  # times in the Z form, as everywhere else
     with pytest.raises(NotFoundError):
         ops.backfill_job(store, "nope", T, T, NOW)
     assert ops.backfill_job(store, "b", T, T + dt.timedelta(hours=4), NOW, max_occurrences=5).added == hours(

@@ -28,6 +28,7 @@ from mjsched_isolated.supervisor import Supervisor, manual
 
 YEARLY = "0 0 1 1 *"
 RENEW = {"lease_ttl_s": 2.0, "lease_renew_interval_s": 0.2, "rescan_interval_s": 0.2}
+RENEW_INTERVAL_S, CANCEL_SLACK_S = 0.5, 0.5
 
 
 def _start_held_run(store, d, name="long", **job):
@@ -132,7 +133,7 @@ def test_cancel_from_another_process_kills_the_holders_process_tree(backend, tmp
     supervisor) asks to cancel it; the holder kills the run's whole process tree (a grandchild that ignores
     SIGTERM included) at its next renewal and records it Cancelled with who asked."""
     cli = Cli(capsys, monkeypatch, tmp_path)
-    args = ["--lease-ttl-s", "3", "--lease-renew-interval-s", "0.5", "--rescan-interval-s", "0.5",
+    args = ["--lease-ttl-s", "3", "--lease-renew-interval-s", str(RENEW_INTERVAL_S), "--rescan-interval-s", "0.5",
             "--max-concurrent-jobs", "1"]
     with isolated_database(backend, tmp_path) as url, serves() as start:
         with Store.open(url) as store:
@@ -144,9 +145,17 @@ def test_cancel_from_another_process_kills_the_holders_process_tree(backend, tmp
             holder = sups[run["executed_by_instance"].split("-")[0]]
             grandchild = int(holder.wait_for(r"hang: run \d+ grandchild (\d+)", seen=True).group(1))
             result = cli("runs", "cancel", str(run_id), "--db", url, "--by", "ops@console", "--wait", "20")
+            # the tree is killed before the run is recorded Cancelled: gone by the time the CLI has read the
+            # record (a zombie awaiting its reaper counts as gone)
+            assert wait_gone([grandchild], timeout_s=0.5) == []
             assert result.stdout == f"run {run_id} (job long) Cancelled: cancelled by ops@console (runs cancel)\n"
             holder.wait_for(rf"run {run_id} of job long: cancelled by ops@console", 5, seen=True)
-            assert wait_gone([grandchild], timeout_s=5) == []
+            run = store.get_run(run_id)
+            recorded_s = (run["completed_at"] - run["cancel_requested_at"]).total_seconds()  # the database's clock
+            print(f"{backend}: killed and recorded Cancelled {recorded_s:.2f} s after the request "
+                  f"(renewal interval {RENEW_INTERVAL_S} s)")
+            # issue 12: within one renewal interval (the holder acts at its next renewal); slack for a loaded machine
+            assert recorded_s < RENEW_INTERVAL_S + CANCEL_SLACK_S, recorded_s
             run = store.get_run(run_id)
             assert (run["status"], run["cancel_requested_by"]) == ("Cancelled", "ops@console")
             assert store.get_job("long")["failure_count"] == 0

@@ -56,6 +56,8 @@ def _error_line(result) -> str:
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", ",,,"], "--notify-recipients"),
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,"], "--notify-recipients"),
     (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed,,Timeout"], "--retry-on"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", " "], "--retry-on"),  # blank: not '' (clear)
+    (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", " "], "--notify-recipients"),
     (["--type", "ok", "--cron", "0 0 30 2 *"], "cron_expression"),  # February 30th never comes
     (["--type", "ok", "--cron", "* * * * *", "--max-jitter-s", "60"], "max_jitter_s"),  # would swallow runs
     (["--type", "ok", "--cron", "*/5 * * * * *", "--max-jitter-s", "7.5"], "max_jitter_s"),

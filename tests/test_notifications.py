@@ -527,3 +527,10 @@ def test_long_texts_fit_every_database_and_the_failure_notice_survives(any_store
     (note,) = store.list_notifications()
     assert note["body"].startswith("é" * 1000) and len(note["body"].encode()) <= 60_000
     assert len(note["subject"].encode()) <= 1_000
+
+
+def test_a_skip_notice_gives_the_occurrence_in_the_z_form():
+    job = {"id": 1, "name": "j", "notify_on_missed": True}
+    when = dt.datetime(2026, 12, 3, 5, 40, tzinfo=dt.UTC)
+    notice = notices.for_skip(job, when, event="Skipped", reason="a run is still live")
+    assert notice is not None and "The occurrence 2026-12-03T05:40:00Z of job 'j' was not run" in notice.body

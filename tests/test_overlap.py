@@ -371,3 +371,24 @@ def test_replace_end_to_end_kills_each_replaced_process_tree_and_never_runs_two(
                      if int(p.name.split(".")[1]) in {r["id"] for r in runs if r["status"] == "Cancelled"}]
     assert grandchildren and wait_gone(grandchildren, timeout_s=5) == []
     assert time.monotonic() - started < 30
+
+
+def test_jobs_run_of_a_replace_job_with_a_live_run_is_refused_naming_the_run(db_url, tmp_path, capsys, monkeypatch):
+    """`jobs run` does not replace a live run (that is the schedule's doing, at an occurrence): it refuses,
+    naming the live run and how to cancel it; nothing is written."""
+    cli = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": FIXTURE_PLUGINS})
+    cli("db", "upgrade")
+    with Client(db_url) as client:
+        store = client._store
+        job = add_job(store, "r", "ok", YEARLY, concurrency_mode="Replace")
+        store.register_supervisor("otherhost-9", "otherhost", 9, ttl_s=600)
+        now = store.db_now()
+        claim = store.claim(job, now=now, next_run_at=job["next_run_at"], instance="otherhost-9", lease_s=600,
+                            deadline_at=now + dt.timedelta(minutes=10), scheduled_at=job["next_run_at"])
+        assert claim is not None
+    result = cli("jobs", "run", "r", expect=1)
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # the fixture plugins log
+    assert f"run {claim.run_id} holds the lease, taken by supervisor otherhost-9" in line, line
+    assert f"cancel it first (`mjsched runs cancel {claim.run_id}`)" in line, line
+    with Client(db_url) as client:
+        assert [r.id for r in client.runs(job="r")] == [claim.run_id]  # no second run

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import re
 
 import pytest
 import sqlalchemy as sa
@@ -125,7 +127,8 @@ def test_without_max_retries_a_failure_is_final_as_before(mem_store, fake_factor
     assert "retry" not in notice["subject"]
 
 
-def test_retries_used_up_give_one_final_failure_notice(mem_store, fake_factory):
+def test_retries_used_up_give_one_final_failure_notice(mem_store, fake_factory, caplog):
+    caplog.set_level(logging.WARNING, "mjsched.supervisor")
     store = mem_store
     d = fake_factory(**LONG, max_concurrent_jobs=1)
     add_job(store, "always", "fail", YEARLY, max_retries=2, retry_backoff_s=5.0, retry_backoff_factor=1.0)
@@ -139,6 +142,10 @@ def test_retries_used_up_give_one_final_failure_notice(mem_store, fake_factory):
     assert subjects[0].startswith("Scheduled job 'always' failed, retry 1 of 2 at ")
     assert subjects[1].startswith("Scheduled job 'always' failed, retry 2 of 2 at ")
     assert subjects[2] == "Scheduled job 'always' failed"  # the final failure, once
+    # times in the Z form, as in the notices: "retry 1 of 2 at 2026-12-03T05:40:01.5Z"
+    lines = [r.getMessage() for r in caplog.records if "of job always: Failed, retry" in r.getMessage()]
+    assert len(lines) == 2 and all(re.search(r" at \S+Z$", line) for line in lines), lines
+    assert all(re.search(r" at \S+Z$", s) for s in subjects[:2]), subjects
     assert store.get_job("always")["consecutive_failures"] == 1 and store.get_job("always")["retry_at"] is None
 
 

@@ -102,17 +102,22 @@ def test_serve_waits_for_an_unreachable_postgresql_and_dispatches_once_it_answer
             tries = [serve.wait_for(r"database \S+ unreachable \(try (\d+): .*\); trying again in ([\d.]+) s")
                      for _ in range(4)]
             assert [int(m.group(1)) for m in tries] == [1, 2, 3, 4]
-            assert [float(m.group(2)) for m in tries] == [0.1, 0.2, 0.4, 0.8]  # backoff, capped at 1 s
+            assert [float(m.group(2)) for m in tries] == [0.1, 0.2, 0.4, 0.5]  # backoff, capped at 0.5 s
             status, body = _health(metrics_port)
             assert status == 503 and "waiting for the database" in body["reason"]
-            serve.wait_for(r"trying again in 1\.0 s")
+            # at the cap, each try is like the next: a server down for 20 s is met exactly as this one is
+            serve.wait_for(r"trying again in 0\.5 s")
             assert serve.proc.poll() is None
             with forwarding(port, (real.host or "127.0.0.1", real.port or 5432)):
                 back = time.monotonic()
-                serve.wait_for(r"run \d+ finished: job first Completed", 20)
+                serve.wait_for(r"run \d+ started: job first", 20)
                 took_s = time.monotonic() - back
+                print(f"first run started {took_s:.2f} s after the database came back")
+                # issue 12: dispatching within a second of the database coming back (at most one 0.5 s pause,
+                # then opening the store and the first claim: 0.7-0.9 s measured); 0.5 s slack for a busy machine
+                assert took_s < 1.5
+                serve.wait_for(r"run \d+ finished: job first Completed", 20)
                 assert _health(metrics_port)[0] == 200
-                print(f"first run finished {took_s:.2f} s after the database came back")
                 serve.proc.terminate()
                 assert serve.proc.wait(20) == 0
         finally:

@@ -64,8 +64,8 @@ class Metrics:
         """A run's process tree was killed; ``reason`` is one of :data:`KILL_REASONS`."""
 
     def occurrence_skipped(self, reason: str, count: int = 1) -> None:
-        """``count`` due occurrences were not run (``missed``, ``backlog``, ``concurrency``,
-        ``job_type_unavailable``), counted in the job's ``skipped_count``."""
+        """``count`` due occurrences were not run (``missed``, ``backlog``, ``concurrency``), counted in
+        the job's ``skipped_count``."""
 
     def occurrences_missed(self, how: str, count: int) -> None:
         """``count`` occurrences the missed-run policy ``folded`` into a catch-up run or ``dropped``

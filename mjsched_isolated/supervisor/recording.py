@@ -20,6 +20,7 @@ from collections.abc import Callable
 from mjsched_isolated import notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
+from mjsched_isolated.isotime import iso
 from mjsched_isolated.logs import one_line
 from mjsched_isolated.store import Store, is_permanent_error
 from mjsched_isolated.store.leases import Outcome
@@ -189,7 +190,7 @@ class Recorder:
             self.wake_sender()
         if outcome.retry_set and outcome.retry_at is not None:
             log.warning("run %d of job %s: %s, retry %d of %d at %s", flight.run_id, flight.job_name, status,
-                        outcome.attempt, flight.job["max_retries"], outcome.retry_at.isoformat(), extra=log_ctx(flight))
+                        outcome.attempt, flight.job["max_retries"], iso(outcome.retry_at), extra=log_ctx(flight))
         elif outcome.retry_at is not None:
             log.warning("run %d of job %s: %s; not retried: another retry of the job is pending", flight.run_id,
                         flight.job_name, status, extra=log_ctx(flight))

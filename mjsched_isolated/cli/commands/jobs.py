@@ -39,10 +39,13 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _comma_list(flag: str, text: str) -> list[str] | None:
-    """``A,B`` as a list; an empty text clears the field (None). An empty item (``a,,b``, ``,,,``, a
-    trailing comma) is an error naming the flag, not silently dropped: it is most often a lost value."""
-    if not text.strip():
+    """``A,B`` as a list; an empty text (``''``) clears the field (None: the default). A blank text (``' '``)
+    or an empty item (``a,,b``, ``,,,``, a trailing comma) is an error naming the flag, not silently
+    dropped: it is most often a lost value (an unset shell variable in quotes, say)."""
+    if not text:
         return None
+    if not text.strip():
+        raise InputError(flag, f"{text!r} is blank (give A,B, or '' to clear)")
     items = [item.strip() for item in text.split(",")]
     for position, item in enumerate(items, 1):
         if not item:
