@@ -27,6 +27,27 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants, plus the children each
+    of them has waited for (psutil ``cpu_times``); None if ``pid`` is gone. A descendant that ended and was
+    not reaped yet is missing until its parent waits for it: the figure can dip, never overstate."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            if proc is root:
+                return None
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def signal_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     """Send ``sig`` to process group ``pgid``. False if the group no longer exists (or is not ours)."""
     try:

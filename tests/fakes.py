@@ -169,6 +169,11 @@ class FakePool:
         else:
             self._to_run.append(worker)
 
+    @staticmethod
+    def tree_cpu_s(_worker: FakeWorker) -> float | None:
+        """No real process: the supervisor does not watch the CPU time of fake runs."""
+        return None
+
     def kill(self, worker: FakeWorker) -> protocol.RunRequest | None:
         run = worker.run
         self.killed.append(run.run_id if run is not None else None)

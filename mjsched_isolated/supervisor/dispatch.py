@@ -27,7 +27,7 @@ from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
-from mjsched_isolated.supervisor.limits import run_limits
+from mjsched_isolated.supervisor.limits import run_limits, watch_cpu
 from mjsched_isolated.supervisor.metrics import Metrics
 
 log = logging.getLogger("mjsched.supervisor")
@@ -557,10 +557,13 @@ class Dispatcher:
         flight.attempt = attempt
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
+        limits = run_limits(job, self.settings.limits)
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
             configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
-            deadline_at=deadline.timestamp(), limits=run_limits(job, self.settings.limits))
+            deadline_at=deadline.timestamp(), limits=limits)
+        if limits is not None and limits.max_cpu_s is not None:
+            watch_cpu(flight, self.pool.tree_cpu_s(worker), limits.max_cpu_s, now)
         try:
             self.pool.submit(worker, request)
         except OSError:
