@@ -94,3 +94,32 @@ def test_python_code_stops_at_sigxcpu_and_the_supervisor_leaves_it_alone(store, 
     assert run["status"] == "Failed" and run["error_message"] == "CPU time limit 1 s exceeded", run
     assert kills.reasons == []
     assert d.pool.idle_workers() == [worker]  # the worker's RLIMIT_CPU stopped it: nothing was killed
+
+
+def test_the_supervisor_reads_the_cpu_time_only_when_due_and_kills_past_the_margin(mem_store, fake_factory):
+    """The decision on the fake pool, time passed in: the first read falls due when the tree could have used
+    max_cpu_s + 1.5 s on every CPU; the loop wakes for it; below the margin the run goes on."""
+    from mjsched_isolated.supervisor.limits import next_cpu_check_s
+
+    store = mem_store
+    d = fake_factory(lease_timeout_s=600.0)
+    d.pool.hold()
+    d.pool.cpu_s = 10.0  # the worker's CPU before the run: not the run's
+    add_job(store, "busy", "ok", YEARLY, max_cpu_s=2)
+    add_job(store, "free", "ok", YEARLY)  # no max_cpu_s: never read
+    at = d.timeline()
+    start = at(0)
+    busy, free = (store.list_runs(job_name=n)[0]["id"] for n in ("busy", "free"))
+    flight = d.supervisor.inflight[busy]
+    first_s = next_cpu_check_s(3.5)
+    assert flight.cpu_check_at is not None and d.supervisor.inflight[free].cpu_check_at is None
+    assert abs((flight.cpu_check_at - start).total_seconds() - first_s) < 0.01 and flight.wake_at == flight.cpu_check_at
+    d.pool.cpu_s = 13.0  # 3 s used: 0.5 s short of the kill point
+    at(first_s + 0.01)
+    assert store.get_run(busy)["status"] == "Running" and d.pool.killed == []
+    d.pool.cpu_s = 13.6
+    at(first_s + next_cpu_check_s(0.5) + 0.02)
+    run = store.get_run(busy)
+    assert run["status"] == "Failed" and d.pool.killed == [busy], run
+    assert run["error_message"].startswith("CPU time limit 2 s exceeded: its process tree used 3.6 s of CPU")
+    assert store.get_run(free)["status"] == "Running"
