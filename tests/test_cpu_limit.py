@@ -17,7 +17,7 @@ from mjsched_isolated.supervisor.metrics import Metrics
 YEARLY = "0 0 1 1 *"
 
 PLUGIN = '''
-import os
+import os, subprocess, sys
 from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
 
 
@@ -27,6 +27,9 @@ class Spin(BaseScheduledJob):
     def execute(self, context):
         if context.configuration == "c":
             sum(range(10**12))  # one call in C: SIGXCPU's Python handler would run only when it returns
+        elif context.configuration == "command":  # a command that ignores SIGXCPU (the worker only waits)
+            subprocess.run([sys.executable, "-c", "import signal; signal.signal(signal.SIGXCPU, signal.SIG_IGN); "
+                            "exec('while True: pass')"])
         else:
             while True:
                 pass
@@ -65,12 +68,15 @@ def _finished(store, name: str) -> dict | None:
     return runs[0] if runs and runs[0]["status"] != "Running" else None
 
 
-@pytest.mark.parametrize("cgroups", ["auto", "off"])
-def test_a_long_call_in_c_that_ignores_sigxcpu_is_killed_by_the_supervisor(store, driver_factory, plugins, cgroups):
+@pytest.mark.parametrize(("cgroups", "what"), [("auto", "c"), ("off", "c"), ("off", "command")])
+def test_a_long_call_in_c_that_ignores_sigxcpu_is_killed_by_the_supervisor(store, driver_factory, plugins, cgroups,
+                                                                             what):
+    """``c``: the worker itself in one long call in C; ``command``: a command that ignores SIGXCPU (its CPU
+    read from the worker's tree in /proc when there is no cgroup)."""
     d = driver_factory(plugins_dir=str(plugins), max_concurrent_jobs=1, isolation=Isolation(cgroups=cgroups))
     d.supervisor.guard.metrics = kills = Kills()
     counted = d.pool.cgroups is not None and d.pool.cgroups.active and d.pool.cgroups.version == 2
-    add_job(store, "c-call", "spin", YEARLY, configuration=json.dumps("c"), max_cpu_s=1)
+    add_job(store, "c-call", "spin", YEARLY, configuration=json.dumps(what), max_cpu_s=1)
     d.until(lambda: _finished(store, "c-call"), 30)
     run = _finished(store, "c-call")
     assert run["status"] == "Failed", run
