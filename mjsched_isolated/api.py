@@ -65,6 +65,10 @@ class JobContext(Generic[ConfigT]):
     will kill the run unless heartbeats extend it; after a heartbeat that extended it, the new deadline,
     which the supervisor sends back over the worker's pipe: it shows within milliseconds, at the latest at
     the next ``heartbeat()`` call) and ``log`` (a logger named after the job type).
+    ``attempt`` (int): 1 for a first run, 2 for its first retry (the job's ``max_retries``, ``runs retry``),
+    and so on; ``previous_details`` (dict or None): on a retry, the ``details`` the previous attempt of the
+    same occurrence recorded (a JSON object; None on a first run, for a manual run's retry, or when that
+    run recorded none or was pruned), so a plugin can resume where it failed (``steps``' ``resume = true``).
     ``deadline_updates`` (for the worker): returns the newest deadline the supervisor sent, or None.
     """
 
@@ -80,6 +84,8 @@ class JobContext(Generic[ConfigT]):
         deadline_at: dt.datetime | None = None,
         heartbeat: Callable[[], None] | None = None,
         deadline_updates: Callable[[], dt.datetime | None] | None = None,
+        attempt: int = 1,
+        previous_details: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.job_id = job_id
@@ -87,6 +93,8 @@ class JobContext(Generic[ConfigT]):
         self.job_type = job_type
         self.configuration: ConfigT = configuration
         self.scheduled_at = scheduled_at
+        self.attempt = attempt
+        self.previous_details = previous_details
         self._deadline_at = deadline_at
         self._deadline_updates = deadline_updates
         self.log = logging.getLogger(f"mjsched.plugin.{job_type}")

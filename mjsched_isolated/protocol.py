@@ -80,7 +80,8 @@ class RunLimits(msgspec.Struct, frozen=True):
 
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
     """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC); ``limits``
-    the run's resource limits (None: none)."""
+    the run's resource limits (None: none); ``attempt`` 1 for a first run, 2 for its first retry, ...;
+    ``previous_details`` a retry's previous attempt's details, as stored (JSON text; None: none)."""
 
     run_id: int
     job_id: int
@@ -90,6 +91,8 @@ class RunRequest(msgspec.Struct, tag=True, frozen=True):
     scheduled_at: float | None = None
     deadline_at: float | None = None
     limits: RunLimits | None = None
+    attempt: int = 1
+    previous_details: str | None = None
 
 
 class RunStarted(msgspec.Struct, tag=True, frozen=True):

@@ -132,6 +132,7 @@ class FakePool:
         self.terminated: list[int | None] = []  # run ids sent SIGTERM (at their deadline)
         self.kill_batches: list[list[int | None]] = []  # run ids of each kill_all call (kills done together)
         self.deadlines: dict[int, float] = {}  # run id -> the newest deadline sent to its worker (epoch s)
+        self.cpu_s: float | None = None  # what tree_cpu_s says of every worker (None: not readable)
         self._holding: set[str] | None = set()  # job names held; None: every job
         self._held: dict[int, FakeWorker] = {}  # run id -> its worker
         self._to_run: list[FakeWorker] = []
@@ -168,6 +169,10 @@ class FakePool:
             self._held[request.run_id] = worker
         else:
             self._to_run.append(worker)
+
+    def tree_cpu_s(self, _worker: FakeWorker) -> float | None:
+        """The CPU seconds a test set in :attr:`cpu_s` (None by default: the supervisor watches nothing)."""
+        return self.cpu_s
 
     def kill(self, worker: FakeWorker) -> protocol.RunRequest | None:
         run = worker.run

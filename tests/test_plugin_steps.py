@@ -195,3 +195,44 @@ def test_the_manuals_agent_loop_example_runs_in_a_worker_and_resumes(agent_plugi
         assert [(s["name"], s["status"]) for s in resumed.details["steps"]] == [
             ("model-0", "resumed"), ("tool-0", "resumed"), ("model-1", "ok"), ("tool-1", "ok"), ("model-2", "ok")]
         assert len(_Model.calls) == 2  # the completed model call was not made again
+
+
+@pytest.mark.timeout(30)
+def test_a_retry_with_resume_true_runs_only_the_failed_step_and_those_after_it(store, driver_factory, tmp_path):
+    """Real supervisor and worker on SQLite, max_retries 1: step "one" completes, "flaky" fails the first
+    time (it leaves a marker), and the retry gets the failed attempt's details (context.attempt 2,
+    context.previous_details), so it skips "one" and runs "flaky" and "three"."""
+    from conftest import add_job
+
+    def append(name: str) -> list[str]:
+        return [sys.executable, "-c", f"open({str(tmp_path / name)!r}, 'a').write('x')"]
+
+    marker = str(tmp_path / "marker")
+    flaky = [sys.executable, "-c", f"import os, sys; seen = os.path.exists({marker!r}); open({marker!r}, 'w'); "
+                                   "sys.exit(0 if seen else 1)"]
+    config = {"resume": True, "steps": [{"name": "one", "command": append("one")},
+                                        {"name": "flaky", "command": flaky},
+                                        {"name": "three", "command": append("three")}]}
+    d = driver_factory(max_concurrent_jobs=1)
+    add_job(store, "staged", "steps", "0 0 1 1 *", configuration=json.dumps(config), max_retries=1,
+            retry_backoff_s=0.0)
+
+    def runs() -> list[dict]:
+        return sorted(store.list_runs(job_name="staged"), key=lambda r: r["id"])
+
+    d.until(lambda: len(runs()) == 2 and runs()[1]["status"] != "Running", 20)
+    first, retry = runs()
+    assert (first["attempt"], first["status"], first["details"]["failed_step"]) == (1, "Failed", "flaky"), first
+    assert [(s["name"], s["status"]) for s in first["details"]["steps"]] == [("one", "ok"), ("flaky", "failed")]
+    assert (retry["attempt"], retry["status"]) == (2, "Completed"), retry
+    assert [(s["name"], s["status"]) for s in retry["details"]["steps"]] == [
+        ("one", "resumed"), ("flaky", "ok"), ("three", "ok")]
+    assert (tmp_path / "one").read_text() == "x" and (tmp_path / "three").read_text() == "x"
+
+
+def test_resume_true_starts_a_first_attempt_from_the_first_step():
+    context = make_context(StepsPlugin, {"resume": True, "steps": [{"name": "a", "command": ["true"]}]})
+    context.previous_details = {"resume": {"completed": {"a": 0}}}  # not a retry: ignored
+    assert StepsPlugin().resume_details(context) is None
+    context.attempt = 2
+    assert StepsPlugin().resume_details(context) == {"resume": {"completed": {"a": 0}}}

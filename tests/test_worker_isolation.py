@@ -308,7 +308,7 @@ class Bomb(BaseScheduledJob):
 '''
 
 BOMB_SCRIPT = """
-import json, os, sys
+import json, os, sys, time
 sys.path.insert(0, sys.argv[2])
 from worker_helpers import OneWorker
 from mjsched_isolated import protocol
@@ -319,7 +319,15 @@ with OneWorker(sys.argv[1]) as one:
     one.pool.submit(one.worker, request)
     bombed = one._until(lambda m: isinstance(m, protocol.RunFinished))[-1]
     after = one.run("ok")[-1]  # the bomb's processes are killed before this run starts
-    left = [p.pid for p in psutil.Process(one.worker.pid).children(recursive=True)]
+    # the worker's own tree only (not every process of uid nobody); on a loaded machine the last of some
+    # 400 killed processes can end (and be reaped by the worker) a little after the worker's 1 s bound:
+    # poll, bounded, for the tree to be down to the watchdog
+    give_up = time.monotonic() + 15
+    while True:
+        left = [p.pid for p in psutil.Process(one.worker.pid).children(recursive=True)]
+        if len(left) <= 1 or time.monotonic() > give_up:
+            break
+        time.sleep(0.05)
     print(json.dumps({"error": bombed.error_message, "after": after.success, "left": len(left)}))
 """
 

@@ -17,13 +17,16 @@ Details (a JSON object): ``steps``: one entry per step reached, ``{"name", "kind
 failed step (None when all passed); ``resume``: ``{"completed": {name: output}}``, what a later run needs
 to resume (below).
 
-**Resuming.** A run given a previous run's details (the ``steps`` job's ``resume`` configuration field,
-or :meth:`StepsJob.resume_details`) does not run again the steps that run completed: each is recorded
-``"resumed"`` and its recorded output is handed back in its place, so the run starts with the first step
-that failed. Steps match by name, so a plan whose steps depend on earlier outputs (a generator, below)
-replays the same way. Outputs larger than :data:`MAX_OUTPUT_CHARS` once encoded are not kept, and such a
-step runs again. Retries (issue 12) do not exist yet: pass the failed run's details yourself (``mjsched
-runs show ID --json``, ``Client.get_run(ID).details``).
+**Resuming.** A run given a previous run's details (:meth:`StepsJob.resume_details`) does not run again
+the steps that run completed: each is recorded ``"resumed"`` and its recorded output is handed back in
+its place, so the run starts with the first step that failed. With ``resume = true`` in the ``steps``
+job's configuration a retry (``max_retries``, ``runs retry``: ``context.attempt`` > 1) resumes from the
+failed attempt's details (``context.previous_details``); ``resume`` may also be a run's details given by
+hand (``mjsched runs show ID --json``, ``Client.get_run(ID).details``), used by every run. Steps match by
+name, so a plan whose steps depend on earlier outputs (a generator, below) replays the same way. Outputs
+larger than :data:`MAX_OUTPUT_CHARS` once encoded are not kept, and such a step runs again. A resumed
+run's ``resume.completed`` holds the resumed steps too, so a second retry resumes from the third attempt's
+failure, not from scratch.
 
 **A plan in Python.** Subclass :class:`StepsJob` and write ``plan(context)`` as a generator: ``output =
 yield HttpStep(...)`` hands each step to the driver and receives its output (a command's exit code, a
@@ -295,8 +298,12 @@ class StepsJob(BaseScheduledJob[Any]):
         raise NotImplementedError
 
     def resume_details(self, context: JobContext[Any]) -> dict[str, Any] | None:
-        """A previous run's details to resume from: the configuration's ``resume`` field if it has one."""
+        """A previous run's details to resume from: the configuration's ``resume`` field if it is a run's
+        details; if it is ``True``, on a retry (``context.attempt`` > 1) the failed attempt's details
+        (``context.previous_details``), else None (a first run starts from the first step)."""
         resume = getattr(context.configuration, "resume", None)
+        if resume is True:
+            return context.previous_details if context.attempt > 1 else None
         return resume if isinstance(resume, dict) else None
 
     def execute(self, context: JobContext[Any]) -> ScheduledJobResult:
@@ -330,11 +337,12 @@ class StepSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class StepsConfiguration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``steps``: the steps in order. ``resume``: a previous run's details (its completed steps are not run
-    again)."""
+    """``steps``: the steps in order. ``resume``: ``true`` (a retry resumes from its failed attempt), or a
+    previous run's details (its completed steps are not run again), or null/``false`` (always from the
+    first step)."""
 
     steps: list[StepSpec]
-    resume: dict[str, Any] | None = None
+    resume: dict[str, Any] | bool | None = None
 
 
 class StepsPlugin(StepsJob):

@@ -321,6 +321,10 @@ class Store:
         """The newest ``plugins reload`` request's id, 0 if none (:meth:`PluginReloads.latest`)."""
         return self.reloads.latest()
 
+    def previous_attempt_details(self, job_id: int, scheduled_at: dt.datetime, attempt: int) -> str | None:
+        """A retry's previous attempt's stored details, JSON text (:meth:`Views.previous_attempt_details`)."""
+        return self.views.previous_attempt_details(job_id, scheduled_at, attempt)
+
     def list_runs(self, *, job_name: str | None = None, status: str | None = None, limit: int = 50) -> list[RunView]:
         """Runs, newest first (:meth:`Views.list_runs`)."""
         return self.views.list_runs(job_name=job_name, status=status, limit=limit)

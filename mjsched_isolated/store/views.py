@@ -3,6 +3,7 @@ projections ``status`` prints. Nothing here writes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any, cast
 
@@ -65,6 +66,16 @@ class Views:
                     and conn.execute(sa.select(jobs.c.id).where(jobs.c.name == job_name)).first() is None):
                 raise NotFoundError("name", f"no job named {job_name!r}")
             return [_run_view(r) for r in conn.execute(query).mappings()]
+
+    def previous_attempt_details(self, job_id: int, scheduled_at: dt.datetime, attempt: int) -> str | None:
+        """The stored ``details`` (JSON text) of attempt ``attempt - 1`` of job ``job_id``'s occurrence
+        ``scheduled_at`` (a retry's previous attempt); None if it has none or is gone (pruned). One indexed
+        read (the occurrence's unique key), made only for retries."""
+        query = sa.select(runs.c.details).where(runs.c.job_id == job_id, runs.c.scheduled_at == scheduled_at,
+                                                runs.c.attempt == attempt - 1)
+        with self.engine.connect() as conn:
+            details = conn.execute(query).scalar()
+        return details if isinstance(details, str) else None
 
     def status_supervisors(self, hide_after_s: float = 3600.0) -> list[SupervisorStatus]:
         """Supervisors whose liveness lease is live or ended less than ``hide_after_s`` seconds ago (a clean

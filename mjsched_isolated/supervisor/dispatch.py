@@ -20,6 +20,7 @@ from typing import Any
 from mjsched_isolated import notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
+from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.leases import ClaimRequest
@@ -27,7 +28,7 @@ from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
-from mjsched_isolated.supervisor.limits import run_limits
+from mjsched_isolated.supervisor.limits import run_limits, watch_cpu
 from mjsched_isolated.supervisor.metrics import Metrics
 
 log = logging.getLogger("mjsched.supervisor")
@@ -547,6 +548,19 @@ class Dispatcher:
                 self.replace_due_at[job["id"]] = next_run_at  # its next occurrence replaces this run
         return flights
 
+    def _previous_details(self, job: JobRow, scheduled_at: dt.datetime | None, attempt: int,
+                          flight: InFlight) -> str | None:
+        """A retry's previous attempt's details, for ``context.previous_details`` (None for a first run or
+        a manual run's retry; a database error is logged and the retry runs without them)."""
+        if attempt <= 1 or scheduled_at is None:
+            return None
+        try:
+            return self.store.previous_attempt_details(job["id"], scheduled_at, attempt)
+        except Exception as exc:  # noqa: BLE001 - the retry runs anyway, as a fresh attempt
+            log.warning("run %d: the previous attempt's details could not be read (%s); the plugin gets none",
+                        flight.run_id, _short(exc), extra=log_ctx(flight))
+            return None
+
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
                    timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0,
                    attempt: int = 1, backfill: bool = False) -> InFlight:
@@ -557,10 +571,14 @@ class Dispatcher:
         flight.attempt = attempt
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
+        limits = run_limits(job, self.settings.limits)
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
             configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
-            deadline_at=deadline.timestamp(), limits=run_limits(job, self.settings.limits))
+            deadline_at=deadline.timestamp(), limits=limits, attempt=attempt,
+            previous_details=self._previous_details(job, scheduled_at, attempt, flight))
+        if limits is not None and limits.max_cpu_s is not None:
+            watch_cpu(flight, self.pool.tree_cpu_s(worker), limits.max_cpu_s, now)
         try:
             self.pool.submit(worker, request)
         except OSError:

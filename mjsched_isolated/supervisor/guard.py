@@ -18,6 +18,7 @@ from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
+from mjsched_isolated.supervisor.limits import CPU_KILL_MARGIN_S, next_cpu_check_s
 from mjsched_isolated.supervisor.metrics import Metrics
 from mjsched_isolated.supervisor.pool import ChildEvent, describe_exit
 from mjsched_isolated.supervisor.recording import Recorder
@@ -69,6 +70,42 @@ class RunGuard:
             self.recorder.record(flight, now, status="Timeout", success=False,
                                  error_message=f"{self._exceeded(flight)}; worker {flight.worker.pid} and its "
                                                f"process tree {how}")
+
+    def enforce_cpu_limits(self, now: dt.datetime) -> None:
+        """Runs whose process tree used ``max_cpu_s`` + :data:`CPU_KILL_MARGIN_S` CPU seconds since they
+        were handed over (read from the worker's cgroup, else by psutil over the tree: ``Pool.tree_cpu_s``)
+        are killed and recorded Failed. The worker stops a run at SIGXCPU (its ``RLIMIT_CPU``, its watchdog
+        for the tree); this catches what does not stop there: a long call in C (a big regex, ``sum`` over a
+        huge range: Python's handler runs only when it returns) or a command that ignores SIGXCPU. Each run's
+        tree is read only when its check is due (``InFlight.cpu_check_at``: the soonest it could reach the
+        kill point on this machine's CPUs, 0.1 to 5 s apart)."""
+        over: list[tuple[InFlight, float]] = []
+        for flight in self.inflight.values():
+            if flight.cpu_check_at is None or flight.kill_at is not None or now < flight.cpu_check_at:
+                continue
+            total = self.pool.tree_cpu_s(flight.worker)
+            if total is None or flight.cpu_limit_s is None:  # the worker is gone: its death is recorded
+                flight.cpu_check_at = None
+                continue
+            used = total - flight.cpu_base_s
+            left = flight.cpu_limit_s + CPU_KILL_MARGIN_S - used
+            if left > 0:
+                flight.cpu_check_at = now + dt.timedelta(seconds=next_cpu_check_s(left))
+            else:
+                over.append((flight, used))
+        if not over:
+            return
+        for flight, _ in over:
+            del self.inflight[flight.run_id]
+        self.pool.kill_all([f.worker for f, _ in over])
+        for flight, used in over:
+            self.metrics.run_killed("cpu")
+            error = (f"CPU time limit {flight.cpu_limit_s:g} s exceeded: its process tree used {used:.1f} s of CPU "
+                     f"and did not stop at SIGXCPU (a long call in C, or a process ignoring the signal); worker "
+                     f"{flight.worker.pid} and its process tree killed with SIGKILL at max_cpu_s + "
+                     f"{CPU_KILL_MARGIN_S:g} s")
+            log.warning("run %d of job %s: %s", flight.run_id, flight.job_name, error, extra=log_ctx(flight))
+            self.recorder.record(flight, now, status="Failed", success=False, error_message=error)
 
     def ended_after_sigterm(self, flight: InFlight, now: dt.datetime, how: str) -> None:
         """A run sent SIGTERM at its deadline ended within its grace (``how``: its plugin returned, or the

@@ -39,14 +39,20 @@ class InFlight:
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
         self.attempt = 1  # the run's attempt number (a retry's: 2, 3, ...)
+        # max_cpu_s, enforced by the supervisor too (see RunGuard.enforce_cpu_limits): the limit in seconds,
+        # the worker tree's CPU seconds when the run was handed over, when to read it next (None: no check)
+        self.cpu_limit_s: float | None = None
+        self.cpu_base_s = 0.0
+        self.cpu_check_at: dt.datetime | None = None
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
 
     @property
     def wake_at(self) -> dt.datetime:
         """When the supervisor must act on this run next: its deadline, or once it was sent SIGTERM, the
-        end of its grace."""
-        return self.deadline if self.kill_at is None else self.kill_at
+        end of its grace; earlier if its CPU time is due to be checked (``cpu_check_at``)."""
+        at = self.deadline if self.kill_at is None else self.kill_at
+        return at if self.cpu_check_at is None or self.kill_at is not None else min(at, self.cpu_check_at)
 
     def shift(self, by: dt.timedelta) -> None:
         """Move every instant of the run by ``by`` (a time jump: the run keeps the time it had left)."""
@@ -58,6 +64,8 @@ class InFlight:
             self.kill_at += by
         if self.last_extended is not None:
             self.last_extended += by
+        if self.cpu_check_at is not None:
+            self.cpu_check_at += by
 
 
 def log_ctx(item: InFlight | Mapping[str, Any]) -> dict[str, Any]:

@@ -205,6 +205,7 @@ class Supervisor:
         now = self._settle(now, mono)
         self.recorder.retry_pending()
         self.guard.enforce_deadlines(now)
+        self.guard.enforce_cpu_limits(now)
         if not self.accepting:
             return self._drain_step(now, mono)
         if not self.scheduling:

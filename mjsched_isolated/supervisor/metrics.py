@@ -32,7 +32,7 @@ log = logging.getLogger("mjsched.metrics")
 # from a few ms (an idle worker picking up a due job) to minutes (a backlog, a slow pool)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0)
-KILL_REASONS = ("deadline", "fence", "shutdown", "cancel", "replace")
+KILL_REASONS = ("deadline", "cpu", "fence", "shutdown", "cancel", "replace")
 
 
 class _ThreadingHTTPServer6(ThreadingHTTPServer):

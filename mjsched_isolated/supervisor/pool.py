@@ -274,6 +274,18 @@ class Pool:
             worker.oom_kills = worker.cgroup.oom_kills()  # one small read, only for runs with a memory limit
         protocol.send(worker.conn, request)
 
+    @staticmethod
+    def tree_cpu_s(worker: Worker) -> float | None:
+        """CPU seconds used so far by ``worker``'s whole process tree: its cgroup's (v2 ``cpu.stat``, every
+        process that was ever in it, whatever its session) where it has one, else the worker and its
+        descendants from /proc, psutil elsewhere (:func:`~mjsched_isolated.proctree.tree_cpu_s`: 10 us for
+        a cgroup, about 0.1-0.4 ms for a small tree). None if unreadable (the worker is gone)."""
+        if worker.cgroup is not None:
+            used = worker.cgroup.cpu_s()
+            if used is not None:
+                return used
+        return proctree.tree_cpu_s(worker.pid)
+
     def tell_deadline(self, worker: Worker, run_id: int, deadline_at: float) -> None:
         """Tell busy ``worker`` that run ``run_id``'s deadline moved to ``deadline_at`` (epoch seconds): its
         plugin's ``context.deadline_at`` follows. Nothing if the worker no longer runs it; a broken pipe is

@@ -114,6 +114,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         configuration=cls.parse_configuration(req.configuration),
         scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
         deadline_updates=None if deadline_updates is None else lambda: _from_epoch(deadline_updates()),
+        attempt=req.attempt, previous_details=_json_object(req.previous_details),
     )
     if logging.getLogger().isEnabledFor(logging.DEBUG):  # its only reader is the supervisor's debug line
         sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
@@ -271,6 +272,18 @@ def _wire_safe(value: object) -> object:
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return str(value)
     return value
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    """``text`` decoded if it is a JSON object, else None (stored details are objects; a hand-edited row
+    may hold anything)."""
+    if not text:
+        return None
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _from_epoch(value: float | None) -> dt.datetime | None:
