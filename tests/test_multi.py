@@ -54,8 +54,8 @@ def _overlaps(spans):
 # The soak ends once the evidence is in: every fast job's occurrence is a three-way race, so
 # CONTESTED_RUNS fast runs are that many races won by exactly one supervisor (and the Skip, Queue and
 # Concurrent behaviours have each been seen). MJSCHED_SOAK_S makes it last at least that long as well
-# (issue 3's proof: MJSCHED_SOAK_S=60 on PostgreSQL).
-FAST_JOBS = 20
+# (issue 3's proof: MJSCHED_SOAK_S=60 on PostgreSQL). 40 fast jobs: the races of 3 seconds, not 6.
+FAST_JOBS = 40
 CONTESTED_RUNS = 120
 MIN_SOAK_S = float(os.environ.get("MJSCHED_SOAK_S", "0"))
 CAP = 4
