@@ -294,23 +294,24 @@ def test_common_options_are_accepted_before_the_subcommand_too(cli, tmp_path):
 
 
 # -- defects of issue 10 -----------------------------------------------------------------------------------
-def test_names_beyond_the_column_limit_or_with_control_characters_are_refused_on_every_backend(cli, backend_url):
+def test_names_beyond_the_column_limit_or_with_control_characters_are_refused_on_every_backend(cli, shared_backend_url):
+    url = shared_backend_url
     for name in ("n" * 201, "a\nforged log line", "nul\x00", "esc\x1b[2J", "c1\x9b"):
-        line = _error_line(cli("jobs", "add", name, "--type", "ok", "--cron", "@daily", "--db", backend_url, expect=2))
+        line = _error_line(cli("jobs", "add", name, "--type", "ok", "--cron", "@daily", "--db", url, expect=2))
         assert line.startswith("error: name: must "), line
-    line = _error_line(cli("jobs", "add", "j", "--type", "t" * 101, "--cron", "@daily", "--db", backend_url, expect=2))
+    line = _error_line(cli("jobs", "add", "j", "--type", "t" * 101, "--cron", "@daily", "--db", url, expect=2))
     assert line.startswith("error: job_type: must be at most 100 characters"), line
-    cli("jobs", "add", "n" * 200, "--type", "ok", "--cron", "@daily", "--db", backend_url)  # the limit itself fits
-    assert [len(j["name"]) for j in json.loads(cli("jobs", "list", "--json", "--db", backend_url).stdout)] == [200]
+    cli("jobs", "add", "n" * 200, "--type", "ok", "--cron", "@daily", "--db", url)  # the limit itself fits
+    assert [len(j["name"]) for j in json.loads(cli("jobs", "list", "--json", "--db", url).stdout)] == [200]
 
 
-def test_jobs_sync_is_all_or_nothing(cli, tmp_path, backend_url):
+def test_jobs_sync_is_all_or_nothing(cli, tmp_path, shared_backend_url):
     path = tmp_path / "jobs.toml"
     path.write_text('[[jobs]]\nname = "first"\njob_type = "ok"\ncron_expression = "@daily"\n\n'
                     f'[[jobs]]\nname = "{"x" * 201}"\njob_type = "ok"\ncron_expression = "@daily"\n')
-    line = _error_line(cli("jobs", "sync", str(path), "--db", backend_url, expect=2))
+    line = _error_line(cli("jobs", "sync", str(path), "--db", shared_backend_url, expect=2))
     assert "jobs[1].name: must be at most 200 characters" in line
-    store = Store.open(backend_url)  # and when the database itself refuses a row, the first is undone too
+    store = Store.open(shared_backend_url)  # and when the database itself refuses a row, the first is undone too
     try:
         assert store.list_jobs() == []
         add_job(store, "taken", "ok", "@daily")

@@ -29,8 +29,8 @@ UTC = dt.UTC
 
 
 @pytest.fixture
-def client(backend_url):
-    with Client(backend_url, plugins_dir=FIXTURE_PLUGINS) as c:
+def client(shared_backend_url):
+    with Client(shared_backend_url, plugins_dir=FIXTURE_PLUGINS) as c:
         yield c
 
 
@@ -136,11 +136,11 @@ def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
     assert re.search(r"run \d+ Completed \d+ ms", out) and "[('hello', 'Paused')]" in out
 
 
-def test_a_job_and_its_runs_carry_the_occurrence_accounting(client, backend_url):
+def test_a_job_and_its_runs_carry_the_occurrence_accounting(client, shared_backend_url):
     """Issue 12: ``missed_count`` (job and run) and ``skipped_count`` reach the Python API."""
     job = client.add_job("counted", job_type="ok", cron_expression="* * * * *")
     assert (job.skipped_count, job.missed_count) == (0, 0)
-    store = Store.open(backend_url)
+    store = Store.open(shared_backend_url)
     try:
         assert store.set_next_run_at(job.id, job.next_run_at, job.next_run_at + dt.timedelta(minutes=9),
                                      job.next_run_at, skipped=2, missed=6)

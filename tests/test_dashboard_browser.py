@@ -93,15 +93,15 @@ def stack(request, tmp_path_factory, browser):
     the module: each test acts on jobs of its own)."""
     with isolated_database(request.param, tmp_path_factory.mktemp(request.param)) as url:
         with Store.open(url) as store:
-            add_job(store, "ticker", "nap", "*/2 * * * * *", configuration='{"seconds": 0.2}')
+            add_job(store, "ticker", "nap", "* * * * * *", configuration='{"seconds": 0.2}')
             add_job(store, "manual", "nap", "0 0 1 1 *", configuration='{"seconds": 0.3}', next_run_at=LATER)
             add_job(store, "hostile", "hostile", "0 0 1 1 *", next_run_at=LATER)
             add_job(store, "sleeper", "nap", "0 0 1 1 *", configuration='{"seconds": 60}', next_run_at=LATER)
         with serves() as start:
             serve = start(url, "--rescan-interval-s", "0.2", plugins=PLUGINS)
-            serve.wait_ready()
-            dash = Dashboard(url)
+            dash = Dashboard(url)  # the two cold starts overlap
             try:
+                serve.wait_ready()
                 yield dash, request.param
             finally:
                 browser.get("about:blank")  # closes the page's event stream before its server goes

@@ -32,7 +32,7 @@ def test_prepared_reads_rows_exactly_as_sqlalchemy_does(any_store):
     assert got[0]["notify_on_success"] is True and got[0]["max_jitter_s"] == 1.5
 
 
-def test_prepared_writes_join_the_transaction_count_rows_and_raise_sqlalchemys_errors(any_store, backend_url):
+def test_prepared_writes_join_the_transaction_count_rows_and_raise_sqlalchemys_errors(any_store, shared_backend_url):
     job = add_job(any_store, "a", "ok")
     stamp = dt.datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     update = Prepared(jobs.update().where(jobs.c.id == sa.bindparam("p_id")).values(

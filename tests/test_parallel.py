@@ -63,9 +63,13 @@ def _inner_pytest(tmp_path: Path, args: list[str], other_wait_s: float) -> subpr
     (tmp_path / "test_inner.py").write_text(INNER)
     shared = tmp_path / "shared"
     shared.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "INNER_SHARED": str(shared), "OTHER_WAIT_S": str(other_wait_s)}
+    # only the plugins the inner run needs: the installed ones (hypothesis, schemathesis, ...) would multiply
+    # its start-up, in the runner and in each of its two workers (4-5x on a loaded machine)
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "INNER_SHARED": str(shared), "OTHER_WAIT_S": str(other_wait_s),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "-n", "2",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist.plugin",
+                           "-p", "pytest_timeout", *args, "-n", "2",
                            "--dist", "loadgroup", "--basetemp", str(tmp_path / "basetemp"), "test_inner.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50, check=False)
 

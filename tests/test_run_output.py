@@ -234,11 +234,13 @@ def test_a_burst_is_bounded_in_the_worker_keeping_head_and_tail_with_a_marker(wr
 # -- end to end: serve stores it; runs logs (live and after) and the Client show it -----------------------
 @pytest.mark.timeout(60)
 def test_serve_stores_a_runs_output_shown_live_and_afterwards_while_its_log_stays_clean(writer_plugins, db_url,
-                                                                                         tmp_path):
+                                                                                         tmp_path, capsys,
+                                                                                         monkeypatch):
     import json
     import subprocess
     import sys
 
+    from clirun import Cli
     from procs import Serve
     from waiting import wait_until
 
@@ -266,9 +268,11 @@ def test_serve_stores_a_runs_output_shown_live_and_afterwards_while_its_log_stay
     positions = _positions(stored, IN_ORDER)
     assert all(p >= 0 for p in positions) and positions == sorted(positions), stored
     assert followed == stored
-    after = subprocess.run([*logs_cmd, str(run_id)], capture_output=True, text=True, timeout=30)
+    # afterwards: the same command in this process (a cold one costs a second of imports; --follow above is cold)
+    cli = Cli(capsys, monkeypatch, tmp_path)
+    after = cli("runs", "logs", "--db", db_url, str(run_id), expect=None)
     assert (after.returncode, after.stdout) == (0, stored)
-    missing = subprocess.run([*logs_cmd, "999"], capture_output=True, text=True, timeout=30)
+    missing = cli("runs", "logs", "--db", db_url, "999", expect=None)
     assert missing.returncode == 2 and missing.stderr.startswith("error: id: ")
     assert not [line for line in serve.output if any(n in line for n in IN_ORDER)]  # the supervisor log is clean
 

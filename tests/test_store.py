@@ -1,6 +1,7 @@
 """The store's CONTRACT SUITE: the lease protocol, supervisor liveness, statistics, orphan recovery, due-job
-queries and schema, each test on SQLite, PostgreSQL and MySQL/MariaDB (``any_store`` / ``backend_url``;
-every test gets a namespace of its own). Only SQLite-specific checks (WAL mode) use the SQLite ``store``.
+queries and schema, each test on SQLite, PostgreSQL and MySQL/MariaDB (``any_store`` /
+``shared_backend_url``: a migrated namespace emptied of rows for each test). Only SQLite-specific checks
+(WAL mode) use the SQLite ``store``.
 
 Lease model under test: a job lease is live only while its token is set, its ``expected_completion_at``
 has not passed by the database clock, *and* its holder's ``supervisors`` row (``locked_by_instance``) has
@@ -709,13 +710,17 @@ def _frozen_clock_store(backend_url: str, at: dt.datetime) -> Store:
 
 
 @pytest.fixture
-def frozen(any_store, backend_url):
+def frozen(any_store, shared_backend_url):
     """(the normal store, a store whose database clock stands still at a ms-aligned 'now')."""
     real_now = any_store.db_now()
     at = real_now.replace(microsecond=real_now.microsecond // 1000 * 1000)
-    still = _frozen_clock_store(backend_url, at)
+    still = _frozen_clock_store(shared_backend_url, at)
     yield any_store, still
     still.close()
+    if any_store.dialect == "postgresql":  # the namespace is shared (conftest.shared_backend_url): put it back
+        with any_store.engine.begin() as conn:
+            namespace = conn.exec_driver_sql("SELECT current_schema()").scalar()
+            conn.exec_driver_sql(f"DROP FUNCTION {namespace}.clock_timestamp()")
 
 
 def test_job_lease_is_live_up_to_and_including_its_expiry_instant(frozen):
@@ -1096,7 +1101,7 @@ def test_microsecond_datetimes_round_trip(any_store):
 
 
 @pytest.mark.parametrize("take_lease", [True, False])
-def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, backend_url, take_lease):
+def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, shared_backend_url, take_lease):
     store = any_store
     add_job(store, "race", "ok", now=NOW, next_run_at=NOW,
             concurrency_mode="Skip" if take_lease else "Concurrent")
@@ -1109,7 +1114,7 @@ def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, backend_
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        own = Store.open(backend_url)
+        own = Store.open(shared_backend_url)
         try:
             own.db_now()  # connect before the barrier, so the claims really race
             barrier.wait()
@@ -1139,7 +1144,7 @@ def test_racing_claims_from_separate_stores_exactly_one_wins(any_store, backend_
         assert row["lock_token"] is None
 
 
-def test_racing_claims_of_a_new_occurrence_while_lease_is_live_all_lose(any_store, backend_url):
+def test_racing_claims_of_a_new_occurrence_while_lease_is_live_all_lose(any_store, shared_backend_url):
     """N stores race for the next occurrence of a job whose lease a live supervisor holds: none wins."""
     store = any_store
     _register(store, "holder:0")
@@ -1152,7 +1157,7 @@ def test_racing_claims_of_a_new_occurrence_while_lease_is_live_all_lose(any_stor
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        own = Store.open(backend_url)
+        own = Store.open(shared_backend_url)
         try:
             own.db_now()
             barrier.wait()
@@ -1207,10 +1212,10 @@ def test_sqlite_file_is_in_wal_mode(store, db_url):
         other.close()
 
 
-def test_schema_creation_is_idempotent(any_store, backend_url):
+def test_schema_creation_is_idempotent(any_store, shared_backend_url):
     store = any_store
     add_job(store, "kept", "ok", now=NOW)
-    again = Store.open(backend_url)  # create_all on an existing schema
+    again = Store.open(shared_backend_url)  # create_all on an existing schema
     try:
         assert [j["name"] for j in again.list_jobs()] == ["kept"]
     finally:

@@ -36,7 +36,7 @@ def _abandoned_run(store: Store, instance: str = "cut-off:1") -> tuple[dict, obj
     return job, claim
 
 
-def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_store, backend_url):
+def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_store, shared_backend_url):
     """On all three databases: the late outcome lands in the ``late_*`` columns of the run its supervisor
     claimed (id, token and instance); the run stays Failed (abandoned), the job's statistics and lease are
     left as the abandonment set them; only once, only by that supervisor, only over an abandonment. The
@@ -64,7 +64,7 @@ def test_a_late_result_is_kept_beside_the_abandonment_without_unfencing(any_stor
     assert {k: row[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")} == {
         k: before_job[k] for k in ("run_count", "success_count", "failure_count", "lock_token", "last_run_at")}
     assert store.keep_late_result(late, "cut-off:1") is None  # kept once
-    with Client(backend_url) as client:
+    with Client(shared_backend_url) as client:
         seen = client.get_run(claim.run_id)
     assert (seen.status, seen.late_status, seen.late_completed_at, seen.late_details) == (
         "Failed", "Completed", ended, {"rows": 12})
