@@ -59,11 +59,7 @@ def _reset_peak() -> bool:
 def _vm_hwm_kib() -> int | None:
     """This process's peak RSS since the last reset (``VmHWM``), KiB; None without ``/proc``."""
     try:
-        fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            data = os.read(fd, 65536)
-        finally:
-            os.close(fd)
+        data = cgroups.read_kernel_file("/proc/self/status")  # one descriptor kept: pread, no open per run
         start = data.index(b"\nVmHWM:") + 7
         return int(data[start:data.index(b"kB", start)])
     except (OSError, ValueError):
