@@ -187,7 +187,7 @@ class WorkerCgroup:
         if self.memory_dir is None or self.memory_version != 1:
             return False
         try:
-            _write(self.memory_dir, "memory.max_usage_in_bytes", "0")
+            write_kernel_file(os.path.join(self.memory_dir, "memory.max_usage_in_bytes"), b"0")  # every run
         except OSError:
             return False
         return True
@@ -374,30 +374,37 @@ class KernelFile:
     only while it is still the file opened here (same device and inode, same process), else the file is
     opened again (the old number is not closed: it is not ours any more)."""
 
-    __slots__ = ("_fd", "_id", "path")
+    __slots__ = ("_fd", "_id", "_mode", "path")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mode: int = os.O_RDONLY) -> None:
         self.path = path
+        self._mode = mode  # os.O_RDONLY for read, os.O_WRONLY for write
         self._fd = -1
         self._id: tuple[int, int, int] | None = None  # (pid, st_dev, st_ino) of the descriptor we opened
 
-    def read(self) -> bytes:
-        """The whole file as it is now. Raises ``OSError`` if it cannot be opened or read."""
+    def _descriptor(self) -> int:
         fd = self._fd
         if fd >= 0:
             try:
                 st = os.fstat(fd)
                 if (os.getpid(), st.st_dev, st.st_ino) == self._id:
-                    data = os.pread(fd, 65536, 0)
-                    return data if len(data) < 65536 else _read(*os.path.split(self.path))
+                    return fd
             except OSError:
                 pass
             self._fd = -1
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(self.path, self._mode | os.O_CLOEXEC)
         st = os.fstat(fd)
         self._fd, self._id = fd, (os.getpid(), st.st_dev, st.st_ino)
-        data = os.pread(fd, 65536, 0)
+        return fd
+
+    def read(self) -> bytes:
+        """The whole file as it is now. Raises ``OSError`` if it cannot be opened or read."""
+        data = os.pread(self._descriptor(), 65536, 0)
         return data if len(data) < 65536 else _read(*os.path.split(self.path))
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` (a control file: ``/proc/self/clear_refs``, a cgroup's reset). Raises ``OSError``."""
+        os.write(self._descriptor(), data)
 
 
 _kernel_files: dict[str, KernelFile] = {}
@@ -409,6 +416,15 @@ def read_kernel_file(path: str) -> bytes:
     if file is None:
         file = _kernel_files[path] = KernelFile(path)
     return file.read()
+
+
+def write_kernel_file(path: str, data: bytes) -> None:
+    """:meth:`KernelFile.write` of ``data`` to ``path``, its descriptor kept for the next write."""
+    key = "w:" + path
+    file = _kernel_files.get(key)
+    if file is None:
+        file = _kernel_files[key] = KernelFile(path, os.O_WRONLY)
+    file.write(data)
 
 
 def _write(path: str, name: str, value: str) -> None:

@@ -62,3 +62,14 @@ def test_a_forked_process_reads_its_own_file():
         os.close(r)
         os.waitpid(pid, 0)
     assert seen == pid
+
+
+def test_a_control_file_written_again_through_its_kept_descriptor_acts_each_time():
+    clear_refs, status = KernelFile("/proc/self/clear_refs", os.O_WRONLY), KernelFile("/proc/self/status")
+    for _ in range(2):
+        grown = bytearray(64 * 1024 * 1024)
+        grown[::4096] = b"\x01" * len(grown[::4096])
+        del grown
+        high = _field(status.read(), b"VmHWM")
+        clear_refs.write(b"5")  # the peak is reset to the current RSS
+        assert _field(status.read(), b"VmHWM") < high - 48 * 1024
