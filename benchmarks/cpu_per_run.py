@@ -66,19 +66,19 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
         due = utcnow()
         bench.set_due("bench-", due)
         profiler = cProfile.Profile(time.process_time) if mode == "profile" else None
+        workers_before = workers_cpu_s(bench)  # outside what is measured of the supervisor (it scans /proc)
         if mode == "callgrind":
             subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
         if profiler is not None:
             profiler.enable()
-        workers_before = workers_cpu_s(bench)
         before = resource.getrusage(resource.RUSAGE_SELF)
         bench.drive(lambda: bench.finished >= k, 60 + 2.0 * k, f"{k} runs")
         after = resource.getrusage(resource.RUSAGE_SELF)
-        workers_after = workers_cpu_s(bench)
         if profiler is not None:
             profiler.disable()
         if mode == "callgrind":
             subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True)
+        workers_after = workers_cpu_s(bench)
         cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         result = bench.collect(due, cpu_s)
     finally:
