@@ -137,7 +137,7 @@ class WorkerCgroup:
         if self.version != 2:
             return None
         try:
-            for line in _read(self.kill_dir, "cpu.stat").splitlines():
+            for line in read_kernel_file(os.path.join(self.kill_dir, "cpu.stat")).splitlines():
                 key, _, value = line.partition(b" ")
                 if key == b"usage_usec":
                     return int(value) / 1e6
@@ -187,7 +187,7 @@ class WorkerCgroup:
         if self.memory_dir is None or self.memory_version != 1:
             return False
         try:
-            _write(self.memory_dir, "memory.max_usage_in_bytes", "0")
+            write_kernel_file(os.path.join(self.memory_dir, "memory.max_usage_in_bytes"), b"0")  # every run
         except OSError:
             return False
         return True
@@ -215,7 +215,7 @@ class WorkerCgroup:
         if self.memory_dir is None:
             return None
         try:
-            return int(_read(self.memory_dir, name))
+            return int(read_kernel_file(os.path.join(self.memory_dir, name)))
         except (OSError, ValueError):
             return None
 
@@ -364,6 +364,67 @@ def _read(path: str, name: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+class KernelFile:
+    """A small kernel-generated file (a cgroup's ``cpu.stat``, ``/proc/self/status``) read again and again
+    through one open descriptor: ``pread`` at offset 0 regenerates it, without the path lookup, open and
+    close of every read (issue 11: 1.4 us instead of 12.8 us for ``cpu.stat``, read twice per run). A run's
+    plugin may close the descriptor and get its number back for a file of its own: the descriptor is used
+    only while it is still the file opened here (same device and inode, same process), else the file is
+    opened again (the old number is not closed: it is not ours any more)."""
+
+    __slots__ = ("_fd", "_id", "_mode", "path")
+
+    def __init__(self, path: str, mode: int = os.O_RDONLY) -> None:
+        self.path = path
+        self._mode = mode  # os.O_RDONLY for read, os.O_WRONLY for write
+        self._fd = -1
+        self._id: tuple[int, int, int] | None = None  # (pid, st_dev, st_ino) of the descriptor we opened
+
+    def _descriptor(self) -> int:
+        fd = self._fd
+        if fd >= 0:
+            try:
+                st = os.fstat(fd)
+                if (os.getpid(), st.st_dev, st.st_ino) == self._id:
+                    return fd
+            except OSError:
+                pass
+            self._fd = -1
+        fd = os.open(self.path, self._mode | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        self._fd, self._id = fd, (os.getpid(), st.st_dev, st.st_ino)
+        return fd
+
+    def read(self) -> bytes:
+        """The whole file as it is now. Raises ``OSError`` if it cannot be opened or read."""
+        data = os.pread(self._descriptor(), 65536, 0)
+        return data if len(data) < 65536 else _read(*os.path.split(self.path))
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` (a control file: ``/proc/self/clear_refs``, a cgroup's reset). Raises ``OSError``."""
+        os.write(self._descriptor(), data)
+
+
+_kernel_files: dict[str, KernelFile] = {}
+
+
+def read_kernel_file(path: str) -> bytes:
+    """:meth:`KernelFile.read` of ``path``, its descriptor kept for the next read."""
+    file = _kernel_files.get(path)
+    if file is None:
+        file = _kernel_files[path] = KernelFile(path)
+    return file.read()
+
+
+def write_kernel_file(path: str, data: bytes) -> None:
+    """:meth:`KernelFile.write` of ``data`` to ``path``, its descriptor kept for the next write."""
+    key = "w:" + path
+    file = _kernel_files.get(key)
+    if file is None:
+        file = _kernel_files[key] = KernelFile(path, os.O_WRONLY)
+    file.write(data)
 
 
 def _write(path: str, name: str, value: str) -> None:

@@ -321,6 +321,8 @@ def jitter_s(job: Row, occurrence: dt.datetime) -> float:
     on every supervisor (a hash, not a random draw), so an occurrence keeps one identity. Spreads jobs that
     share a schedule (many on ``0 * * * *``) over a window; like systemd's ``RandomizedDelaySec`` with
     ``FixedRandomDelay``. Keep it below the job's interval."""
+    if not job.get("max_jitter_s"):  # most jobs: no key to build (issue 11: twice per run on the hot path)
+        return 0.0
     return _spread_s(job, occurrence.isoformat())
 
 
@@ -346,6 +348,8 @@ def _within_end(job: Row, when: dt.datetime) -> dt.datetime | None:
     end_at = job.get("end_at")
     if end_at is not None and when > end_at:
         return None
+    if not job.get("max_jitter_s"):
+        return when
     return when + dt.timedelta(seconds=jitter_s(job, when))
 
 

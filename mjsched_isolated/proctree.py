@@ -16,6 +16,8 @@ import sys
 
 import psutil
 
+from mjsched_isolated.cgroups import read_kernel_file
+
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
 
 
@@ -236,9 +238,8 @@ def own_children() -> set[int] | None:
     a few small reads, not a scan of every process. None where the kernel does not list children
     (no ``CONFIG_PROC_CHILDREN``, no /proc): callers fall back to a full scan."""
     me = os.getpid()
-    try:
-        with open(f"/proc/self/task/{me}/children", "rb") as f:  # the main thread: always there
-            found = {int(p) for p in f.read().split()}
+    try:  # the main thread's: always there, its descriptor kept (a worker reads it after every run)
+        found = {int(p) for p in read_kernel_file(f"/proc/self/task/{me}/children").split()}
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return None

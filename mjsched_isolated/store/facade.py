@@ -192,6 +192,7 @@ class Store:
               scheduled_at: dt.datetime | None = None, queued_at: dt.datetime | None = None,
               status: str | None = None, only_free_lease: bool = False) -> Claim | None:
         """Claim an occurrence and insert its Running run, atomically (:meth:`Leases.claim`)."""
+        self.jobs.forget_due({job["id"]})  # claimed or lost, its row has moved or waits: not a due candidate
         return self.leases.claim(job, now=now, next_run_at=next_run_at, instance=instance, lease_s=lease_s,
                                  deadline_at=deadline_at, take_lease=take_lease, scheduled_at=scheduled_at,
                                  queued_at=queued_at, status=status, only_free_lease=only_free_lease)
@@ -201,6 +202,7 @@ class Store:
         """Claim several occurrences in one transaction, each judged alone; with ``busy``, job rows locked
         by another transaction are skipped, not waited for, and their indexes added to it
         (:meth:`Leases.claim_many`)."""
+        self.jobs.forget_due({r.job["id"] for r in requests})  # see claim
         return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
 
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:

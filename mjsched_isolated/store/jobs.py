@@ -25,6 +25,12 @@ from mjsched_isolated.store.schema import backfills, jobs, runs
 
 WAITING_MODES = (ConcurrencyMode.QUEUE, ConcurrencyMode.QUEUE_ALL, ConcurrencyMode.REPLACE)
 """Modes whose due occurrence waits, not due, while the job's lease is live."""
+READ_AHEAD_ROWS = 256
+"""SQLite: due rows read ahead by one due read (:meth:`Jobs.due_jobs`), kept as candidates for later polls."""
+READ_AHEAD_MAX_LIMIT = 64
+"""SQLite: more idle workers than this read the due jobs in one ordered read, as the other databases do."""
+READ_AHEAD_FOR = dt.timedelta(seconds=1)
+"""SQLite: the read-ahead candidates are read afresh at least this often (by the callers' ``now``)."""
 
 
 def _job_rows(result: sa.CursorResult[Any]) -> list[JobRow]:
@@ -49,6 +55,12 @@ class Jobs:
         self._next_due_prepared: Prepared | None = None
         self._live_skip_prepared: dict[str, Prepared] = {}  # by concurrency mode (Skip, Replace)
         self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
+        # SQLite's read-ahead (see due_jobs): the due order's next candidates, (id, next_run_at seen) each,
+        # as of the read at ``_ahead_read_at``; the recheck of n candidates by id, compiled once per n
+        self._ahead: list[tuple[int, dt.datetime]] = []
+        self._ahead_read_at: dt.datetime | None = None
+        self._recheck_prepared: dict[int, Prepared] = {}
+        self._due_ids_prepared: Prepared | None = None
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -174,10 +186,80 @@ class Jobs:
                 query = self._due_locking_prebuilt
             with self.engine.connect() as conn:
                 return _job_rows(conn.execute(query, params))
-        if self._due_prepared is None:  # the usual case: built once (building it cost more than running it)
-            self._due_prepared = Prepared(self._due_query(()), self.engine.dialect)
         with self.engine.connect() as conn:
-            return cast(list[JobRow], self._due_prepared.mappings(conn, params))
+            # the usual case: built once (building it cost more than running it); SQLite: read ahead
+            if self.dialect != "sqlite" or limit > READ_AHEAD_MAX_LIMIT:
+                if self._due_prepared is None:
+                    self._due_prepared = Prepared(self._due_query(()), self.engine.dialect)
+                return cast(list[JobRow], self._due_prepared.mappings(conn, params))
+            at = self._ahead_read_at
+            if at is not None and at <= now < at + READ_AHEAD_FOR and len(self._ahead) >= limit:
+                found = self._from_read_ahead(conn, now, limit)
+                if len(found) == limit:
+                    return found
+            if self._due_ids_prepared is None:
+                self._due_ids_prepared = Prepared(self._due_ids_query(), self.engine.dialect)
+            self._ahead = [(job_id, seen) for job_id, seen in self._due_ids_prepared.rows(
+                conn, {"p_now": now, "p_limit": max(limit, READ_AHEAD_ROWS)})]
+            self._ahead_read_at = now
+            return self._from_read_ahead(conn, now, limit)
+
+    def _from_read_ahead(self, conn: sa.Connection, now: dt.datetime, limit: int) -> list[JobRow]:
+        """SQLite (issue 11): ordering the due jobs sorts the whole backlog (thousands of rows when thousands
+        are due) at every poll, so one read takes the ids of up to :data:`READ_AHEAD_ROWS` of them, in order,
+        and the polls take their rows from these candidates, at most ``limit``, each rechecked by id with the
+        due read's own conditions (primary-key lookups): a candidate claimed, moved or no longer due since
+        is dropped (a fresh read finds it where it belongs now); one edited otherwise is read as it is now.
+        :meth:`due_jobs` reads the candidates afresh when they are older than :data:`READ_AHEAD_FOR` (by the
+        callers' ``now``), ``now`` went back, or they cannot fill ``limit``, so a job that came due since is
+        never held back by a short list. What the read-ahead can delay, by at most :data:`READ_AHEAD_FOR`
+        and only while more jobs are due than workers are idle: a job moved *earlier* than the candidates (an
+        edit) and the tie-break among jobs due at the same instant."""
+        out: list[JobRow] = []
+        for look in range(2):  # a second look, twice as wide, when the first found candidates gone
+            need = limit - len(out)
+            want = self._ahead[len(out):len(out) + need * (1 + look)]
+            if not want:
+                break
+            size = max(4, 1 << (len(want) - 1).bit_length())  # a few statement shapes: padded with id 0
+            prepared = self._recheck_prepared.get(size)
+            if prepared is None:
+                prepared = self._recheck_prepared[size] = Prepared(self._recheck_query(size), self.engine.dialect)
+            params: dict[str, Any] = {f"p_id{i}": want[i][0] if i < len(want) else 0 for i in range(size)}
+            params["p_now"] = now
+            fresh = {r["id"]: r for r in prepared.mappings(conn, params)}
+            gone = set()
+            for job_id, seen in want:
+                row = fresh.get(job_id)
+                if row is None or row["next_run_at"] != seen:
+                    gone.add(job_id)
+                elif len(out) < limit:
+                    out.append(cast(JobRow, row))
+            self.forget_due(gone)
+            if not gone or len(out) >= limit:
+                break
+        return out
+
+    def forget_due(self, job_ids: AbstractSet[int]) -> None:
+        """Drop ``job_ids`` from the read-ahead candidates (:meth:`due_jobs`): their occurrence was claimed
+        or moved here (a candidate changed elsewhere is found out by the recheck)."""
+        if self._ahead and job_ids:
+            self._ahead = [c for c in self._ahead if c[0] not in job_ids]
+
+    def _due_ids_query(self) -> sa.Select:
+        """The ids and ``next_run_at`` of the due jobs, in the order of :meth:`_due_query`."""
+        order = (jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
+        due = (*self._dispatchable(frozenset()),
+               jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)))
+        return (sa.select(jobs.c.id, jobs.c.next_run_at).where(*due).order_by(*order)
+                .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+
+    def _recheck_query(self, n: int) -> sa.Select:
+        """The due read's conditions on ``n`` job ids (``p_id0`` ...), by primary key."""
+        due = (*self._dispatchable(frozenset()),
+               jobs.c.next_run_at <= sa.bindparam("p_now", type_=schema.UTCDateTime(exact=True)))
+        ids = [sa.bindparam(f"p_id{i}", type_=sa.Integer) for i in range(n)]
+        return sa.select(jobs).where(jobs.c.id.in_(ids), *due)
 
     def _due_query(self, exclude: AbstractSet[int] | tuple[()], locking: bool = False) -> sa.Select:
         """The ids of the due jobs are chosen first (a derived table: its sort carries the order's columns
@@ -291,6 +373,7 @@ class Jobs:
             values["missed_count"] = jobs.c.missed_count + int(missed)
         if status:
             values.update(status=status, updated_at=now)
+        self.forget_due({job_id})
         with self.engine.begin() as conn:
             won = conn.execute(jobs.update().where(jobs.c.id == job_id, cond).values(**values)).rowcount == 1
             if won and notices:

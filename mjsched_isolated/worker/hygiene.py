@@ -51,6 +51,9 @@ class ProcessState:
         for signum in _SIGNALS:
             with contextlib.suppress(OSError, ValueError):
                 self.handlers[signum] = _signal.getsignal(signum)
+        # every handler read in one C-level pass and compared at once: the run changed none, most often
+        self._signums = tuple(self.handlers)
+        self._handler_values = tuple(self.handlers.values())
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.fds = {fd: _dup(fd) for fd in (0, 1, 2)}
@@ -89,7 +92,10 @@ class ProcessState:
             if signal.getitimer(timer) != (0.0, 0.0):
                 signal.setitimer(timer, 0)
                 changed.append(f"interval timer {timer}")
-        for signum, handler in self.handlers.items():
+        same_handlers = False
+        with contextlib.suppress(OSError, ValueError):
+            same_handlers = tuple(map(_signal.getsignal, self._signums)) == self._handler_values
+        for signum, handler in () if same_handlers else self.handlers.items():
             if _signal.getsignal(signum) != handler:
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     _signal.signal(signum, handler)

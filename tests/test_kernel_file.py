@@ -1,0 +1,75 @@
+"""``cgroups.KernelFile``: a kernel file read again through one kept descriptor (issue 11, the worker's
+per-run cgroup and /proc reads) is read as it is now, and never through a descriptor that a run closed and
+reused for a file of its own, nor one inherited by a forked process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from mjsched_isolated.cgroups import KernelFile
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+
+def _field(data: bytes, name: bytes) -> int:
+    start = data.index(b"\n" + name + b":") + len(name) + 2
+    return int(data[start:data.index(b"\n", start)].split()[0])
+
+
+def test_each_read_is_the_file_as_it_is_now():
+    status = KernelFile("/proc/self/status")
+    before = _field(status.read(), b"VmRSS")
+    grown = bytearray(64 * 1024 * 1024)
+    grown[::4096] = b"\x01" * len(grown[::4096])  # touch every page: resident
+    assert _field(status.read(), b"VmRSS") >= before + 60 * 1024
+    del grown
+
+
+def test_a_descriptor_closed_and_reused_by_a_run_is_left_to_the_run(tmp_path):
+    status = KernelFile("/proc/self/status")
+    assert _field(status.read(), b"Pid") == os.getpid()
+    kept = status._fd
+    os.close(kept)  # a plugin closing descriptors it does not own ...
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the run's own file\n")
+    fd = os.open(mine, os.O_RDONLY)  # ... and getting that number back for a file of its own
+    try:
+        assert fd == kept
+        assert _field(status.read(), b"Pid") == os.getpid()  # read from /proc, not from the run's file
+        assert status._fd != fd
+        assert os.pread(fd, 100, 0) == b"the run's own file\n"  # still open: not closed by the reader
+    finally:
+        os.close(fd)
+
+
+def test_a_forked_process_reads_its_own_file():
+    status = KernelFile("/proc/self/status")
+    assert _field(status.read(), b"Pid") == os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the Pid it reads, then leave at once
+        try:
+            os.write(w, str(_field(status.read(), b"Pid")).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        seen = int(os.read(r, 100))
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert seen == pid
+
+
+def test_a_control_file_written_again_through_its_kept_descriptor_acts_each_time():
+    clear_refs, status = KernelFile("/proc/self/clear_refs", os.O_WRONLY), KernelFile("/proc/self/status")
+    for _ in range(2):
+        grown = bytearray(64 * 1024 * 1024)
+        grown[::4096] = b"\x01" * len(grown[::4096])
+        del grown
+        high = _field(status.read(), b"VmHWM")
+        clear_refs.write(b"5")  # the peak is reset to the current RSS
+        assert _field(status.read(), b"VmHWM") < high - 48 * 1024
