@@ -98,7 +98,8 @@ class RoundTrips:
                         continue
                     if parts[0] == "F" and parts[2] in ("Query", "Parse", "Bind") and sent is None:
                         text = parts[3].strip().strip('"').upper() if parts[2] == "Query" and len(parts) > 3 else ""
-                        sent = text if text in ("BEGIN", "COMMIT", "ROLLBACK") else "statements"
+                        sent = next((word for word in ("BEGIN", "COMMIT", "ROLLBACK") if text.startswith(word)),
+                                    "statements")  # BEGIN ISOLATION LEVEL ... too
                     elif parts[0] == "B" and parts[2] == "ReadyForQuery":
                         out[sent or "statements"] += 1
                         sent = None

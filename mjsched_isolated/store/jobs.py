@@ -49,6 +49,7 @@ class Jobs:
         self._next_due_prepared: Prepared | None = None
         self._live_skip_prepared: dict[str, Prepared] = {}  # by concurrency mode (Skip, Replace)
         self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
+        self.reader = schema.reader(engine)  # the poll's reads: no transaction round trips (PostgreSQL)
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -172,11 +173,11 @@ class Jobs:
                 if self._due_locking_prebuilt is None:
                     self._due_locking_prebuilt = self._due_query((), True)
                 query = self._due_locking_prebuilt
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return _job_rows(conn.execute(query, params))
         if self._due_prepared is None:  # the usual case: built once (building it cost more than running it)
             self._due_prepared = Prepared(self._due_query(()), self.engine.dialect)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return cast(list[JobRow], self._due_prepared.mappings(conn, params))
 
     def _due_query(self, exclude: AbstractSet[int] | tuple[()], locking: bool = False) -> sa.Select:
@@ -202,12 +203,12 @@ class Jobs:
         Replace: the due Replace jobs whose run is live (to be replaced; RunAll ones too)."""
         params = {"p_now": now, "p_limit": limit}
         if exclude:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return _job_rows(conn.execute(self._live_skip_query(exclude, mode), params))
         prepared = self._live_skip_prepared.get(mode)
         if prepared is None:
             prepared = self._live_skip_prepared[mode] = Prepared(self._live_skip_query((), mode), self.engine.dialect)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return cast(list[JobRow], prepared.mappings(conn, params))
 
     def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()], mode: str) -> sa.Select:
@@ -229,11 +230,11 @@ class Jobs:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
         of an ordered index walk, not a scan."""
         if exclude:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return conn.execute(self._next_due_query(exclude)).scalar()
         if self._next_due_prepared is None:
             self._next_due_prepared = Prepared(self._next_due_query(exclude), self.engine.dialect)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = self._next_due_prepared.rows(conn)
         return rows[0][0] if rows else None
 

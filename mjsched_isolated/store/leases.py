@@ -358,6 +358,7 @@ class Leases:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._stmts = _Statements(self.dialect)
+        self.reader = schema.reader(engine)  # reads that write nothing: no transaction round trips (PostgreSQL)
         st, d = self._stmts, engine.dialect
         # recording a result, per run: compiled once, run through the DBAPI cursor (:mod:`.driver`)
         self._finish_run = Prepared(st.finish_run, d)
@@ -678,7 +679,7 @@ class Leases:
         query = sa.select(runs).where(runs.c.status == RunStatus.RUNNING)
         if instance is not None:
             query = query.where(runs.c.executed_by_instance == instance)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [cast(RunRow, dict(r)) for r in conn.execute(query).mappings()]
 
     def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
@@ -694,7 +695,7 @@ class Leases:
                  .outerjoin(jobs, jobs.c.id == runs.c.job_id)
                  .where(runs.c.id.in_(sorted(tokens)), runs.c.status == RunStatus.RUNNING,
                         runs.c.executed_by_instance == instance))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query).mappings().all()
         held: dict[int, str | None] = {}
         for row in rows:
@@ -746,7 +747,7 @@ class Leases:
                            sa.not_(holder_alive(self.dialect, runs.c.executed_by_instance))))
         if exclude_run_ids:
             orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             orphans = conn.execute(orphan_q).mappings().all()
         abandoned = []
         for orphan in orphans:

@@ -396,6 +396,18 @@ def connect(url: str) -> Engine:
     return engine
 
 
+def reader(engine: Engine) -> Engine:
+    """``engine`` for reads that write nothing (the poll's due reads, liveness reads): on PostgreSQL the
+    same pool in autocommit (``isolation_level="AUTOCOMMIT"``, set on the driver's connection without a
+    round trip), so a read is one round trip instead of BEGIN, the read and the ROLLBACK of the pool's
+    reset (which also made psycopg drop its prepared statements: ``DEALLOCATE ALL``, a fourth); each
+    statement still sees one consistent snapshot. Elsewhere ``engine`` itself (MariaDB would switch its
+    autocommit with a round trip each way; SQLite's driver begins no transaction for a read)."""
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine
+
+
 def db_now(dialect_name: str) -> sa.ColumnElement:
     """The database's current UTC time as a SQL expression (typed :class:`UTCDateTime`)."""
     return db_now_plus(dialect_name, 0.0)
