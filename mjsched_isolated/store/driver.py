@@ -58,7 +58,7 @@ class Prepared:
         self._result: list[tuple[int, Callable[[Any], Any]]] | None = None
         self._result_types: list[Any] = []
         self.columns: list[str] = []
-        selected = (stmt.selected_columns if isinstance(stmt, sa.Select)
+        selected = (stmt.selected_columns if isinstance(stmt, (sa.Select, sa.TextualSelect))
                     else getattr(stmt, "_returning", None) or ())
         self._result_types = [c.type for c in selected]
         self.columns = [str(c.key) for c in selected]

@@ -249,6 +249,38 @@ class _Statements:
                 "max_rss_mb) WHERE runs.id = v.id AND runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT "
                 "FROM v.token RETURNING runs.id",
             ).bindparams(*(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t, _ in arrays))
+            # a plain batch of results (each counted, no retry, no pause, no notice; each run and job once) as ONE
+            # statement, run in autocommit: the terminal run rows (judged as finish_many_pg judges them), then
+            # the job rows of those written, locked in id order as claims lock them (no deadlock with a
+            # peer's claim; the run rows first, as the abandonment sweep takes them), then their statistics
+            # and lease release in one UPDATE (a row may be updated once per statement). The right-hand sides
+            # read the job row as it was, so the release compares the token the run was claimed with.
+            # A scalar subquery over the locking CTE is evaluated once, before any job row is updated.
+            release = "CASE WHEN jobs.lock_token = fin.token THEN NULL ELSE jobs.{0} END"
+            self.finish_plain_pg = sa.text(
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(id integer, job_id "
+                "integer, token varchar, status varchar, success boolean, error_message text, completed_at "
+                "timestamp, details text, duration_ms float8, cpu_s float8, max_rss_mb float8)), "
+                "fin AS (UPDATE runs SET status = v.status, success = v.success, error_message = v.error_message, "
+                f"completed_at = COALESCE(v.completed_at, {now_sql}), details = v.details, duration_ms = "
+                "v.duration_ms, cpu_s = v.cpu_s, max_rss_mb = v.max_rss_mb FROM v WHERE runs.id = v.id AND "
+                "runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT FROM v.token RETURNING runs.id, "
+                "v.job_id, v.token, CASE WHEN v.success THEN 1 ELSE 0 END AS successes, v.duration_ms, "
+                "v.completed_at), "
+                "lk AS (SELECT jobs.id FROM jobs WHERE jobs.id IN (SELECT fin.job_id FROM fin) ORDER BY jobs.id "
+                "FOR NO KEY UPDATE), "
+                "st AS (UPDATE jobs SET avg_duration_ms = CASE WHEN fin.duration_ms IS NULL THEN "
+                "jobs.avg_duration_ms WHEN jobs.avg_duration_ms IS NULL THEN fin.duration_ms ELSE "
+                "(jobs.avg_duration_ms * jobs.run_count + fin.duration_ms) / (jobs.run_count + 1) END, "
+                "last_duration_ms = COALESCE(fin.duration_ms, jobs.last_duration_ms), run_count = jobs.run_count + 1, "
+                "success_count = jobs.success_count + fin.successes, failure_count = jobs.failure_count + 1 - "
+                f"fin.successes, last_run_at = COALESCE(fin.completed_at, {now_sql}), consecutive_failures = CASE "
+                "WHEN fin.successes = 1 THEN 0 ELSE jobs.consecutive_failures + 1 END, "
+                + ", ".join(f"{col} = {release.format(col)}" for col in (
+                    "lock_token", "locked_at", "locked_by_instance", "expected_completion_at"))
+                + " FROM fin WHERE jobs.id = fin.job_id AND (SELECT count(*) FROM lk) >= 0 RETURNING jobs.id) "
+                "SELECT fin.id FROM fin",
+            ).bindparams(sa.bindparam("p_payload", type_=sa.Text)).columns(runs.c.id)
 
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
@@ -286,6 +318,13 @@ _NO_RETRY: dict[str, Any] = {"retry_at": None, "retry_attempt": None, "retry_sch
 def _naive(at: dt.datetime | None) -> dt.datetime | None:
     """An aware datetime as the naive UTC the columns store (for arrays, which bypass :class:`UTCDateTime`)."""
     return None if at is None else at.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def _plain(outcomes: Sequence[Outcome]) -> bool:
+    """Each outcome counted, without a retry, a pause to judge or a notice, each run and each job once."""
+    return (all(o.count and o.retry_at is None and o.pause_reason is None and not o.notices and not o.pause_notices
+                for o in outcomes)
+            and len({o.run_id for o in outcomes}) == len({o.job_id for o in outcomes}) == len(outcomes))
 
 
 class _RecheckError(Exception):
@@ -371,6 +410,8 @@ class Leases:
         self._insert_run = Prepared(st.insert_run.returning(runs.c.id) if self.dialect == "postgresql"
                                     else st.insert_run, d)
         self._claim_prepared: dict[int, Prepared] = {}  # id of a claim statement (:meth:`_Statements.claim`)
+        if self.dialect == "postgresql":
+            self._finish_plain_pg = Prepared(st.finish_plain_pg, d)
 
     def claim(self, job: Mapping[str, Any], *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -576,6 +617,8 @@ class Leases:
         the outcomes one at a time to find the one the database refuses)."""
         if not outcomes:
             return []
+        if self.dialect == "postgresql" and _plain(outcomes):
+            return self._finish_plain(outcomes)
         st = self._stmts
         with self.engine.begin() as conn:
             # a result lands only on the run row claimed with its token (an id alone could name another run)
@@ -628,6 +671,19 @@ class Leases:
                 if o.notices:
                     insert_notices(conn, self.dialect, o.notices)
         return done
+
+    def _finish_plain(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """PostgreSQL, a plain batch (:func:`_plain`): :meth:`finish_runs` as ONE statement in autocommit
+        (``finish_plain_pg``: one round trip instead of BEGIN, three statements and COMMIT), the same rows
+        written. True per outcome written."""
+        payload = msgspec.json.encode([{
+            "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
+            "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
+            "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
+            "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
+        with self.reader.connect() as conn:
+            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": payload})}
+        return [o.run_id in written for o in outcomes]
 
     def _finish_rows_pg(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
         """PostgreSQL: the terminal run rows of ``outcomes`` (distinct run ids) in one UPDATE ... FROM
