@@ -130,3 +130,48 @@ def test_a_plain_batch_the_database_refuses_writes_nothing_and_is_judged_permane
     assert is_permanent_error(refused.value)
     assert [pg_store.get_run(o.run_id)["status"] for o in outcomes] == ["Running", "Running"]
     assert pg_store.get_job("a0")["run_count"] == 0 and pg_store.get_job("a0")["lock_token"] is not None
+
+
+def _claim_batch(store: Store, prefix: str) -> list[ClaimRequest]:
+    jobs: list = [*_jobs(store, prefix, 3), None]
+    store.add_job({"name": f"{prefix}3", "job_type": "ok", "cron_expression": "* * * * *", "status": "Active",
+                   "next_run_at": NOW}, NOW)
+    with store.engine.begin() as conn:  # 1: held by a live supervisor; 3: held by one never registered
+        conn.execute(sa.text("UPDATE jobs SET lock_token = 'held', locked_by_instance = :who, locked_at = now(), "
+                             "expected_completion_at = now() + interval '1 hour' WHERE name = :n"),
+                     [{"who": "sup", "n": f"{prefix}1"}, {"who": "ghost", "n": f"{prefix}3"}])
+    jobs[3] = store.get_job(f"{prefix}3")
+    jobs[1] = store.get_job(f"{prefix}1")
+    jobs[2] = {**jobs[2], "next_run_at": NOW - dt.timedelta(minutes=1)}  # 2: the occurrence seen has moved on
+    return [ClaimRequest(job, NOW + dt.timedelta(minutes=1), 300.0, NOW + dt.timedelta(minutes=5), scheduled_at=NOW,
+                         missed=i % 2, skipped=1) for i, job in enumerate(jobs)]
+
+
+def _claimed_rows(store: Store, prefix: str) -> list[tuple]:
+    out = []
+    for i in range(4):
+        job = store.get_job(f"{prefix}{i}")
+        job_runs = store.list_runs(job_name=f"{prefix}{i}")
+        out.append((tuple(job[c] for c in JOB_COLUMNS if c != "lock_token"), job["lock_token"] is None,
+                    [tuple(r[c] for c in RUN_COLUMNS) for r in job_runs]))
+    return out
+
+
+def test_a_plain_batch_of_claims_is_one_statement_with_the_rows_of_the_transaction(pg_store, monkeypatch):
+    plain, other = _claim_batch(pg_store, "a"), _claim_batch(pg_store, "b")
+    counted = Statements(pg_store)
+    busy: set[int] = set()
+    won = pg_store.claim_many(plain, now=NOW, instance="sup", not_before=NOW, busy=busy)
+    assert len(counted.sent) == 1 and counted.begun == 0  # one statement, no transaction round trips
+    with monkeypatch.context() as m:
+        m.setattr(leases_mod, "_plain_claims", lambda requests: False)
+        won_too = pg_store.claim_many(other, now=NOW, instance="sup", not_before=NOW, busy=busy)
+    assert busy == set()
+    assert [c is not None for c in won] == [c is not None for c in won_too] == [True, False, False, True]
+    assert _claimed_rows(pg_store, "a") == _claimed_rows(pg_store, "b")
+    job = pg_store.get_job("a3")
+    assert (job["lock_token"], job["locked_by_instance"]) == (won[3].lock_token, "sup")
+    assert won[0].started_at >= NOW and pg_store.get_run(won[0].run_id)["started_at"] == won[0].started_at
+    # the same occurrence again: lost, nothing written (the occurrence moved on)
+    assert pg_store.claim_many([plain[0]], now=NOW, instance="sup") == [None]
+    assert len(pg_store.list_runs(job_name="a0")) == 1

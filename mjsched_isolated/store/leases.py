@@ -281,6 +281,38 @@ class _Statements:
                 + " FROM fin WHERE jobs.id = fin.job_id AND (SELECT count(*) FROM lk) >= 0 RETURNING jobs.id) "
                 "SELECT fin.id FROM fin",
             ).bindparams(sa.bindparam("p_payload", type_=sa.Text)).columns(runs.c.id)
+            # a plain batch of claims (the occurrence seen, the lease taken if free, nothing else; each job once)
+            # as ONE statement, run in autocommit: the job rows locked in id order (SKIP LOCKED, or waiting for
+            # them) with each occurrence and lease judged on the locked row (lease_free's rule, as the
+            # predicates module writes it), the compare-and-sets of those that won, and their run rows. A row
+            # the lock skipped is reported unlocked (busy: neither won nor lost); the unique index on runs
+            # refuses a duplicate run by failing the whole statement (nothing written), as the transaction did
+            free = (f"(jobs.lock_token IS NULL OR jobs.expected_completion_at IS NULL OR jobs.expected_completion_at "
+                    f"< {now_sql} OR NOT EXISTS (SELECT 1 FROM supervisors AS holder WHERE holder.instance = "
+                    f"jobs.locked_by_instance AND holder.lease_expires_at > {now_sql}))")
+            claim_sql = (
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
+                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
+                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
+                f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok FROM jobs JOIN v ON jobs.id = "
+                "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), "
+                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
+                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
+                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
+                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN (SELECT lk.id FROM lk WHERE lk.ok) "
+                "RETURNING jobs.id), "
+                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
+                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
+                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
+                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
+                "RETURNING runs.id, runs.job_id, runs.started_at) "
+                "SELECT v.i, lk.id IS NOT NULL AS locked, ins.id, ins.started_at FROM v LEFT JOIN lk ON lk.id = "
+                "v.job_id LEFT JOIN ins ON ins.job_id = v.job_id")
+            self.claim_plain_pg, self.claim_plain_skip_pg = (sa.text(claim_sql.format(skip=skip)).bindparams(
+                sa.bindparam("p_payload", type_=sa.Text), sa.bindparam("p_instance", type_=sa.String),
+                sa.bindparam("p_not_before", type_=schema.UTCDateTime),
+            ).columns(sa.column("i", sa.Integer), sa.column("locked", sa.Boolean), sa.column("id", sa.Integer),
+                      sa.column("started_at", schema.UTCDateTime)) for skip in ("", " SKIP LOCKED"))
 
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
@@ -325,6 +357,14 @@ def _plain(outcomes: Sequence[Outcome]) -> bool:
     return (all(o.count and o.retry_at is None and o.pause_reason is None and not o.notices and not o.pause_notices
                 for o in outcomes)
             and len({o.run_id for o in outcomes}) == len({o.job_id for o in outcomes}) == len(outcomes))
+
+
+def _plain_claims(requests: Sequence[ClaimRequest]) -> bool:
+    """Each request takes the lease if free (not only if unheld) of an occurrence seen, changes no status and
+    ends no retry; each job once."""
+    return (all(r.take_lease and not r.only_free_lease and r.status is None and not r.retry
+                and r.job["next_run_at"] is not None for r in requests)
+            and len({r.job["id"] for r in requests}) == len(requests))
 
 
 class _RecheckError(Exception):
@@ -412,6 +452,8 @@ class Leases:
         self._claim_prepared: dict[int, Prepared] = {}  # id of a claim statement (:meth:`_Statements.claim`)
         if self.dialect == "postgresql":
             self._finish_plain_pg = Prepared(st.finish_plain_pg, d)
+            self._claim_plain_pg = Prepared(st.claim_plain_pg, d)
+            self._claim_plain_skip_pg = Prepared(st.claim_plain_skip_pg, d)
 
     def claim(self, job: Mapping[str, Any], *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -452,6 +494,8 @@ class Leases:
         if not requests:
             return []
         try:
+            if self.dialect == "postgresql" and _plain_claims(requests):
+                return self._claim_plain(requests, instance, not_before, busy)
             if self.dialect != "sqlite" and len({r.job["id"] for r in requests}) == len(requests):
                 try:
                     return self._claim_locked(requests, now, instance, not_before, busy)
@@ -479,6 +523,29 @@ class Leases:
                 return [None]
         return [self.claim_many([r], now=now, instance=instance, not_before=not_before, busy=None)[0]
                 for r in requests]
+
+    def _claim_plain(self, requests: Sequence[ClaimRequest], instance: str, not_before: dt.datetime | None,
+                     busy: set[int] | None) -> list[Claim | None]:
+        """PostgreSQL, a plain batch (:func:`_plain_claims`): :meth:`claim_many` as ONE statement in autocommit
+        (``claim_plain_pg``: one round trip instead of BEGIN, the locking read, the compare-and-sets, the
+        INSERT and COMMIT), each request judged as :meth:`_claim_locked` judges it."""
+        tokens = [uuid.uuid4().hex for _ in requests]
+        payload = msgspec.json.encode([{
+            "i": i, "job_id": r.job["id"], "seen": _naive(r.job["next_run_at"]), "next_run_at": _naive(r.next_run_at),
+            "token": t, "lease_s": r.lease_s, "deadline_at": _naive(r.deadline_at),
+            "scheduled_at": _naive(r.scheduled_at), "queued_at": _naive(r.queued_at), "missed": r.missed,
+            "skipped": r.skipped, "attempt": r.attempt} for i, (r, t) in enumerate(zip(requests, tokens, strict=True))
+        ]).decode()
+        stmt = self._claim_plain_pg if busy is None else self._claim_plain_skip_pg
+        with self.reader.connect() as conn:
+            rows = stmt.rows(conn, {"p_payload": payload, "p_instance": instance, "p_not_before": not_before})
+        claims: list[Claim | None] = [None] * len(requests)
+        for i, locked, run_id, started_at in rows:
+            if run_id is not None:
+                claims[i] = Claim(run_id=int(run_id), lock_token=tokens[i], started_at=started_at)
+            elif not locked and busy is not None:  # locked by another transaction (SKIP LOCKED), or the job is gone
+                busy.add(i)
+        return claims
 
     def _claim_locked(self, requests: Sequence[ClaimRequest], now: dt.datetime, instance: str,
                       not_before: dt.datetime | None, busy: set[int] | None) -> list[Claim | None]:
