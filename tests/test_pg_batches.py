@@ -175,3 +175,40 @@ def test_a_plain_batch_of_claims_is_one_statement_with_the_rows_of_the_transacti
     # the same occurrence again: lost, nothing written (the occurrence moved on)
     assert pg_store.claim_many([plain[0]], now=NOW, instance="sup") == [None]
     assert len(pg_store.list_runs(job_name="a0")) == 1
+
+
+@pytest.mark.parametrize("path", ["plain", "transaction"])
+def test_results_lock_their_job_rows_in_id_order_as_claims_do(pg_store, monkeypatch, path):
+    """A peer holds job row 1 and then wants row 2 (id order, as claims lock): a result batch for jobs 2
+    and 1 (in that order) waits for row 1 without holding row 2, so the peer gets row 2 and nobody deadlocks."""
+    import threading
+
+    from waiting import wait_until
+    if path == "transaction":
+        monkeypatch.setattr(leases_mod, "_plain", lambda outcomes: False)
+    outcomes = _outcomes(pg_store, "a", 3)[1:3]  # jobs a1 and a2
+    first, second = sorted(o.job_id for o in outcomes)
+    with pg_store.engine.begin() as conn:  # row 1's live version now lies after row 2's: a scan meets 2 first
+        conn.execute(sa.text("UPDATE jobs SET description = 'moved' WHERE id = :i"), {"i": first})
+    peer = sa.create_engine(pg_store.engine.url)
+    try:
+        with peer.connect() as conn:
+            conn.execute(sa.text("SELECT id FROM jobs WHERE id = :i FOR UPDATE"), {"i": first})
+            xid = conn.execute(sa.text("SELECT pg_current_xact_id()::text::bigint")).scalar_one()
+            result: list = []
+            writer = threading.Thread(target=lambda: result.append(pg_store.finish_runs(outcomes[::-1])), daemon=True)
+            writer.start()
+
+            def waiting() -> bool:
+                with peer.connect() as look:
+                    return bool(look.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted AND "
+                                                     "transactionid::text::bigint = :x"), {"x": xid}).scalar_one())
+
+            wait_until(waiting, 10, "the result batch waiting for row 1", interval_s=0.01)
+            conn.exec_driver_sql("SET LOCAL lock_timeout = '5s'")
+            conn.execute(sa.text("SELECT id FROM jobs WHERE id = :i FOR UPDATE"), {"i": second})  # not held by it
+            conn.commit()
+        writer.join(10)
+        assert result == [[True, True]]
+    finally:
+        peer.dispose()

@@ -171,6 +171,9 @@ class _Statements:
             ids = jobs.c.id == sa.any_(sa.bindparam("p_ids", type_=postgresql.ARRAY(sa.Integer)))
             lock = sa.select(*cols).where(ids).order_by(jobs.c.id)
             self.lock_jobs = lock.with_for_update(of=jobs)
+            # a result batch's job rows, locked as its UPDATEs would lock them (FOR NO KEY UPDATE), in id order
+            self.lock_jobs_in_order = sa.select(jobs.c.id).where(ids).order_by(jobs.c.id).with_for_update(
+                key_share=True)
             self.lock_jobs_skip = lock.with_for_update(of=jobs, skip_locked=True)
         else:
             # MariaDB: only the jobs rows are read under the lock (a locking read's subquery would lock the
@@ -697,7 +700,12 @@ class Leases:
                     "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
                     "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
                     "p_max_rss_mb": o.max_rss_mb}) == 1 for o in outcomes]
-            won = [o for o, d in zip(outcomes, done, strict=True) if d]
+            # the job rows in id order, as claims lock them (a peer's claim waiting on one row while holding
+            # another must not meet this transaction the other way round): a stable sort for the per-row
+            # writes, and on PostgreSQL, whose batched UPDATEs lock in the plan's order, a locking read first
+            won = sorted((o for o, d in zip(outcomes, done, strict=True) if d), key=lambda o: o.job_id)
+            if self.dialect == "postgresql" and len({o.job_id for o in won}) > 1:
+                conn.execute(st.lock_jobs_in_order, {"p_ids": sorted({o.job_id for o in won})})
             for o in won:  # the pending retry, before the statistics (a retried failure is not final)
                 if o.retry_at is not None:
                     o.retry_set = conn.execute(st.set_retry, {
