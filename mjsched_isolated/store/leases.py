@@ -24,7 +24,9 @@ late (an outage, a batch) keeps its true end; without one given, the database's 
 
 Hot path (issue 11): the statements a run needs are built once per dialect (:class:`_Statements`) and
 executed with bound parameters, and :meth:`Leases.claim_many` / :meth:`Leases.finish_runs` take a whole
-poll's claims, or a whole wait's results, in one transaction.
+poll's claims, or a whole wait's results, in one transaction; on PostgreSQL a plain batch of either is ONE
+statement in autocommit (one round trip), with the same rows written. Job rows are locked in id order by
+claims and results alike.
 """
 
 from __future__ import annotations
@@ -493,7 +495,9 @@ class Leases:
         recorded) is not waited for; its request gets None *and its index is added to* ``busy`` - it
         neither won nor lost, and stays due for the next poll. On PostgreSQL the leases are judged in that
         locking read, so the compare-and-sets go as one pipelined executemany and the run rows as one
-        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3."""
+        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3; a plain batch
+        (:func:`_plain_claims`: the lease taken if free, nothing else) is all of that in ONE statement in
+        autocommit (:meth:`_claim_plain`), one round trip."""
         if not requests:
             return []
         try:
@@ -684,7 +688,8 @@ class Leases:
         together), each judged by its own row count. Returns one bool per outcome, in order. The statistics
         and releases of the runs that were still Running are then written as one batch of parameters per
         statement (executemany). Any error rolls back the whole batch (the caller then retries, or records
-        the outcomes one at a time to find the one the database refuses)."""
+        the outcomes one at a time to find the one the database refuses). On PostgreSQL a plain batch
+        (:func:`_plain`) is one statement (:meth:`_finish_plain`)."""
         if not outcomes:
             return []
         if self.dialect == "postgresql" and _plain(outcomes):
