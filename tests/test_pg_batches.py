@@ -163,10 +163,14 @@ def test_a_plain_batch_of_claims_is_one_statement_with_the_rows_of_the_transacti
     busy: set[int] = set()
     won = pg_store.claim_many(plain, now=NOW, instance="sup", not_before=NOW, busy=busy)
     assert len(counted.sent) == 1 and counted.begun == 0  # one statement, no transaction round trips
+    # the occurrence that moved on since it was read: a peer's claim just committed, so contention (busy),
+    # which the transaction only sees while the peer holds the row
+    assert busy == {2}
+    busy_too: set[int] = set()
     with monkeypatch.context() as m:
         m.setattr(leases_mod, "_plain_claims", lambda requests: False)
-        won_too = pg_store.claim_many(other, now=NOW, instance="sup", not_before=NOW, busy=busy)
-    assert busy == set()
+        won_too = pg_store.claim_many(other, now=NOW, instance="sup", not_before=NOW, busy=busy_too)
+    assert busy_too == set()
     assert [c is not None for c in won] == [c is not None for c in won_too] == [True, False, False, True]
     assert _claimed_rows(pg_store, "a") == _claimed_rows(pg_store, "b")
     job = pg_store.get_job("a3")

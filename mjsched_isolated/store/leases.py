@@ -299,7 +299,8 @@ class _Statements:
                 "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
                 "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
                 "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
-                f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok FROM jobs JOIN v ON jobs.id = "
+                f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok, jobs.next_run_at IS DISTINCT "
+                "FROM v.seen AS moved FROM jobs JOIN v ON jobs.id = "
                 "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), "
                 "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
                 f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
@@ -311,7 +312,8 @@ class _Statements:
                 f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
                 "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
                 "RETURNING runs.id, runs.job_id, runs.started_at) "
-                "SELECT v.i, lk.id IS NOT NULL AS locked, ins.id, ins.started_at FROM v LEFT JOIN lk ON lk.id = "
+                "SELECT v.i, lk.id IS NOT NULL AND NOT lk.moved AS locked, ins.id, ins.started_at FROM v LEFT JOIN "
+                "lk ON lk.id = "
                 "v.job_id LEFT JOIN ins ON ins.job_id = v.job_id")
             self.claim_plain_pg, self.claim_plain_skip_pg = (sa.text(claim_sql.format(skip=skip)).bindparams(
                 sa.bindparam("p_payload", type_=sa.Text), sa.bindparam("p_instance", type_=sa.String),
@@ -550,7 +552,10 @@ class Leases:
         for i, locked, run_id, started_at in rows:
             if run_id is not None:
                 claims[i] = Claim(run_id=int(run_id), lock_token=tokens[i], started_at=started_at)
-            elif not locked and busy is not None:  # locked by another transaction (SKIP LOCKED), or the job is gone
+            elif not locked and busy is not None:
+                # locked by another transaction (SKIP LOCKED), the job gone, or its occurrence moved on since
+                # the poll read it: a peer's claim, just committed (one statement holds its rows so briefly
+                # that peers rarely find them locked): contention all the same, not a live run to skip
                 busy.add(i)
         return claims
 
