@@ -499,7 +499,9 @@ class Leases:
         locking read, so the compare-and-sets go as one pipelined executemany and the run rows as one
         ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3; a plain batch
         (:func:`_plain_claims`: the lease taken if free, nothing else) is all of that in ONE statement in
-        autocommit (:meth:`_claim_plain`), one round trip."""
+        autocommit (:meth:`_claim_plain`), one round trip; as it holds its rows only that long, a request
+        whose occurrence moved on since it was read (a peer's claim just committed) is counted in ``busy``
+        there too."""
         if not requests:
             return []
         try:
