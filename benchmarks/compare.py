@@ -396,25 +396,43 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
 # ---------------------------------------------------------------- fleet: the simulator calibrated on a real run
 
 def fleet_prediction(w: wl.Workload, one: dict, stmt_ms: float, sizes: list[int], cap: int,
-                     horizon_s: float = 12.0) -> list[dict]:
+                     horizon_s: float = 12.0, trips_per_run: float = 5.0) -> list[dict]:
     """What ``sizes`` supervisors would reach each on a core of its own (simulator), calibrated on ``one`` (a
     saturated 1-supervisor row: its supervisor CPU per run, split between claim and finish) and ``stmt_ms``
     (the database's time per statement, measured with the bare driver: ``rawdb.bare_limit``'s ms per run / 5
-    statements). The database's own contention is not modelled: read it as the fleet's ceiling if the database
-    server keeps up."""
+    statements). ``trips_per_run``: the supervisor's round trips per run, measured (``cpu_per_run.py
+    --statements``'s count; 5 was the per-row path's), split evenly between claim and finish as its CPU is.
+    The database's own contention is not modelled: read it as the fleet's ceiling if the database server keeps
+    up."""
     import simulator
     cpu_ms = one["sup_ms_per_run"] or 0.0
     rows = []
     for n in sizes:
         cfg = simulator.SimConfig(supervisors=n, cap=cap, lease_timeout_s=60.0, horizon_s=horizon_s,
-                                  claim_ms=cpu_ms / 2, finish_ms=cpu_ms / 2, stmt_ms=stmt_ms, respawn_s=0.1)
+                                  claim_ms=cpu_ms / 2, finish_ms=cpu_ms / 2, stmt_ms=stmt_ms, respawn_s=0.1,
+                                  claim_stmts=trips_per_run / 2, finish_stmts=trips_per_run / 2)
         sim = simulator.Simulator(w, cfg)
         sim.run()
         t0 = cfg.start + 3.0
         starts = [r["started_at"] for r in sim.runs if r["started_at"] is not None]
         rows.append({"supervisors": n, "sim_runs_per_s": in_window(starts, t0, cfg.start + horizon_s - 1)
-                     / (horizon_s - 4.0), "claim_finish_cpu_ms": cpu_ms, "stmt_ms": stmt_ms})
+                     / (horizon_s - 4.0), "claim_finish_cpu_ms": cpu_ms, "stmt_ms": stmt_ms,
+                     "trips_per_run": trips_per_run})
     return rows
+
+
+def measured_trips_per_run(cap: int, runs: int = 500) -> float:
+    """The supervisor's round trips per run on PostgreSQL (``cpu_per_run.py --statements``, in this process,
+    ``runs`` trivial runs at ``cap``)."""
+    import cpu_per_run
+    ns = runner.Namespace("postgresql", Path(tempfile.gettempdir()))
+    stderr = sys.stderr
+    try:
+        row = cpu_per_run.drive(runs, cap, "WARNING", False, "rusage", 0, ns.url, statements=True)
+    finally:
+        sys.stderr = stderr
+        ns.drop()
+    return row["round_trips"]["total"] / runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,10 +508,13 @@ def main(argv: list[str] | None = None) -> int:
             import rawdb
             bare = rawdb.bare_limit(500, "postgresql")
             one = sorted(ones, key=lambda r: r["runs_per_s"])[len(ones) // 2]
-            pred = fleet_prediction(w, one, bare["ms_per_run_p50"] / 5, sorted({*sizes, 10}), caps[0])
-            print("\nsimulator, calibrated with the median 1-supervisor run's supervisor CPU per run and the "
-                  "database time per statement measured with the bare driver "
-                  f"({pred[0]['claim_finish_cpu_ms']:.2f} ms CPU + 5 x {pred[0]['stmt_ms']:.2f} ms per run), "
+            trips = measured_trips_per_run(caps[0])
+            pred = fleet_prediction(w, one, bare["ms_per_run_p50"] / 5, sorted({*sizes, 10}), caps[0],
+                                    trips_per_run=trips)
+            print("\nsimulator, calibrated with the median 1-supervisor run's supervisor CPU per run, the "
+                  "database time per statement measured with the bare driver and the round trips per run "
+                  "counted by cpu_per_run.py --statements "
+                  f"({pred[0]['claim_finish_cpu_ms']:.2f} ms CPU + {trips:.2f} x {pred[0]['stmt_ms']:.2f} ms per run), "
                   "each supervisor on a core of its own, the database server not contended:")
             print("\n| supervisors | simulated runs/s |\n|---|---|")
             for p in pred:

@@ -18,6 +18,13 @@ machine where CPU times are not (issue 11's figures: 3.07 M instructions per run
 rescan, the lease renewal) would be counted ~50 times too often: ``--per-run-only`` (the default with
 ``--callgrind``) sets the rescan and renewal intervals to an hour so only the per-run path is counted.
 The profile file is kept (``--out``) for ``callgrind_annotate``.
+
+``--backend postgresql`` runs the same drive on a fresh schema of the server at
+``$MJSCHED_BENCH_POSTGRES_URL`` (``runner.py``'s, dropped afterwards). ``--statements`` (PostgreSQL) also
+counts the supervisor's round trips to the server during the drive, per run: libpq's protocol trace of each
+of its connections (opened anew for the drive), one round trip per ``ReadyForQuery`` the server sends, split
+into ``BEGIN``, ``COMMIT``, ``ROLLBACK`` and statements. The trace costs CPU of its own: read the CPU figures
+of a run without ``--statements``. ``KEEP_TRACE=1`` keeps the trace files (their folder is printed).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import os
 import pstats
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +48,8 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import runner
+import sqlalchemy as sa
 import throughput
 
 from mjsched_isolated import logs
@@ -47,8 +57,100 @@ from mjsched_isolated.store import jobs
 from mjsched_isolated.supervisor import utcnow
 
 
-def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profile_top: int) -> dict:
-    """One measurement in this process; ``mode``: ``rusage``, ``profile`` or ``callgrind`` (toggle only)."""
+class RoundTrips:
+    """Round trips of ``engine``'s psycopg connections opened from now on (see the module's docstring):
+    each connection traces to a file of its own, read by :meth:`counts` once every trace is flushed."""
+
+    def __init__(self, engine) -> None:
+        self.dir = tempfile.mkdtemp(prefix="cpu-per-run-trace-")
+        self.live: dict[int, object] = {}  # id(pgconn) -> pgconn, traced and not yet untraced
+        self.files: list[int] = []
+        engine.dispose()  # the drive's connections are new, and traced
+        sa.event.listen(engine, "connect", self._connect)
+        sa.event.listen(engine, "close", self._close)
+        sa.event.listen(engine, "close_detached", self._close)
+        self.engine = engine
+
+    def _connect(self, dbapi_conn, _record) -> None:
+        from psycopg import pq
+        fd = os.open(os.path.join(self.dir, f"{len(self.files)}.trace"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self.files.append(fd)
+        pgconn = dbapi_conn.pgconn
+        pgconn.trace(fd)
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        self.live[id(pgconn)] = pgconn
+
+    def _close(self, dbapi_conn, *_args) -> None:
+        pgconn = self.live.pop(id(dbapi_conn.pgconn), None)
+        if pgconn is not None:
+            pgconn.untrace()  # flushes the trace
+
+    def counts(self) -> dict[str, int]:
+        """{"BEGIN": n, "COMMIT": n, "ROLLBACK": n, "statements": n, "total": n} so far; stops tracing."""
+        sa.event.remove(self.engine, "connect", self._connect)
+        for pgconn in list(self.live.values()):
+            pgconn.untrace()
+        self.live.clear()
+        out = {"BEGIN": 0, "COMMIT": 0, "ROLLBACK": 0, "statements": 0}
+        for name in sorted(os.listdir(self.dir)):
+            sent = None
+            with open(os.path.join(self.dir, name)) as f:
+                for line in f:
+                    parts = line.rstrip("\n").split("\t")
+                    if len(parts) < 3:
+                        continue
+                    if parts[0] == "F" and parts[2] in ("Query", "Parse", "Bind") and sent is None:
+                        text = parts[3].strip().strip('"').upper() if parts[2] == "Query" and len(parts) > 3 else ""
+                        sent = next((word for word in ("BEGIN", "COMMIT", "ROLLBACK") if text.startswith(word)),
+                                    "statements")  # BEGIN ISOLATION LEVEL ... too
+                    elif parts[0] == "B" and parts[2] == "ReadyForQuery":
+                        out[sent or "statements"] += 1
+                        sent = None
+        for fd in self.files:
+            os.close(fd)
+        if not os.environ.get("KEEP_TRACE"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            print(self.dir)
+        out["total"] = sum(out.values())
+        return out
+
+
+class ServerCPU:
+    """CPU time (user + system) of the PostgreSQL backend processes serving ``engine``'s connections opened
+    from now on (the pool is emptied first), read with psutil: the server's side of each run."""
+
+    def __init__(self, engine) -> None:
+        self.procs: dict[int, tuple[psutil.Process, float]] = {}
+        engine.dispose()
+        sa.event.listen(engine, "connect", self._connect)
+        self.engine = engine
+
+    @staticmethod
+    def _cpu(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return times.user + times.system
+
+    def _connect(self, dbapi_conn, _record) -> None:
+        proc = psutil.Process(dbapi_conn.info.backend_pid)
+        self.procs[proc.pid] = (proc, self._cpu(proc))
+
+    def seconds(self) -> float:
+        """CPU seconds used since each connection opened (a backend gone meanwhile is not counted)."""
+        sa.event.remove(self.engine, "connect", self._connect)
+        total = 0.0
+        for proc, start in self.procs.values():
+            try:
+                total += self._cpu(proc) - start
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+
+def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profile_top: int,
+          db_url: str | None = None, statements: bool = False) -> dict:
+    """One measurement in this process; ``mode``: ``rusage``, ``profile`` or ``callgrind`` (toggle only);
+    ``db_url``: the database (default a SQLite file); ``statements``: count PostgreSQL round trips."""
     log_file = tempfile.NamedTemporaryFile("w", prefix="cpu-per-run-", suffix=".log", delete=False)  # noqa: SIM115
     sys.stderr = log_file
     logs.configure(log_level)
@@ -58,12 +160,16 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
         # SQLite's due read-ahead is read afresh each second or each READ_AHEAD_ROWS claims, whichever comes
         # first: at the real pace (hundreds of runs a second) that is the row count, under valgrind the second
         jobs.READ_AHEAD_FOR = dt.timedelta(hours=1)
-    bench = throughput.Bench(cap, k, None)
+    bench = throughput.Bench(cap, k, None, db_url)
+    trips = server_s = None
     try:
         bench.insert_jobs()
         bench.start_workers()
         bench.warm_up()
         due = utcnow()
+        server = ServerCPU(bench.store.engine) if db_url is not None and db_url.startswith("postgresql") else None
+        if statements:
+            trips = RoundTrips(bench.store.engine)
         bench.set_due("bench-", due)
         profiler = cProfile.Profile(time.process_time) if mode == "profile" else None
         workers_before = workers_cpu_s(bench)  # outside what is measured of the supervisor (it scans /proc)
@@ -80,6 +186,8 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
             subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True)
         workers_after = workers_cpu_s(bench)
         cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        counted = trips.counts() if trips is not None else None
+        server_s = server.seconds() if server is not None else None
         result = bench.collect(due, cpu_s)
     finally:
         bench.close()
@@ -90,7 +198,8 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(profile_top)
     worker_ms = sum(workers_after.get(pid, cpu) - cpu for pid, cpu in workers_before.items()) * 1000 / k
     return {"runs": k, "cpu_ms_per_run": cpu_s * 1000 / k, "runs_per_s": result["runs_per_s"],
-            "worker_ms_per_run": worker_ms}
+            "worker_ms_per_run": worker_ms, "round_trips": counted,
+            "server_ms_per_run": None if server_s is None else server_s * 1000 / k}
 
 
 def workers_cpu_s(bench: throughput.Bench) -> dict[int, float]:
@@ -137,20 +246,42 @@ def main(argv: list[str] | None = None) -> int:
                     help="rescan and lease renewal once an hour (the default with --callgrind)")
     ap.add_argument("--profile", type=int, metavar="N", help="cProfile (CPU time), the N costliest functions")
     ap.add_argument("--out", help="--callgrind: the profile file (default ./callgrind-*.out)")
+    ap.add_argument("--backend", default="sqlite", choices=("sqlite", "postgresql"),
+                    help="the database: a SQLite file (default) or a fresh schema at $MJSCHED_BENCH_POSTGRES_URL")
+    ap.add_argument("--statements", action="store_true",
+                    help="PostgreSQL: also count the supervisor's round trips per run (protocol trace)")
     ap.add_argument("--inside-callgrind", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.jobs is None:
         args.jobs = 500 if args.callgrind or args.inside_callgrind else 2000
     if args.jobs < 1 or args.cap < 1:
         ap.error("--jobs and --cap: must be at least 1")
+    if args.statements and args.backend != "postgresql":
+        ap.error("--statements: needs --backend postgresql")
     if args.callgrind:
+        if args.backend != "sqlite":
+            ap.error("--callgrind: SQLite only")
         return under_callgrind(args)
     mode = "callgrind" if args.inside_callgrind else "profile" if args.profile else "rusage"
-    row = drive(args.jobs, args.cap, args.log_level, bool(args.per_run_only), mode, args.profile or 0)
+    ns = runner.Namespace(args.backend, Path(tempfile.gettempdir())) if args.backend != "sqlite" else None
+    try:
+        row = drive(args.jobs, args.cap, args.log_level, bool(args.per_run_only), mode, args.profile or 0,
+                    ns.url if ns is not None else None, args.statements)
+    finally:
+        if ns is not None:
+            ns.drop()
     if mode != "callgrind":
         print(f"supervisor CPU {row['cpu_ms_per_run']:.3f} ms per run, worker CPU (workers and their watchdogs) "
               f"{row['worker_ms_per_run']:.3f} ms per run, {row['runs_per_s']:.0f} runs/s ({args.jobs} "
-              f"runs, cap {args.cap}, log level {args.log_level}, load average {os.getloadavg()[0]:.1f})")
+              f"runs, cap {args.cap}, {args.backend}, log level {args.log_level}, load average "
+              f"{os.getloadavg()[0]:.1f})")
+        if row["server_ms_per_run"] is not None:
+            print(f"server CPU {row['server_ms_per_run']:.3f} ms per run (its backend processes)")
+        trips = row["round_trips"]
+        if trips is not None:
+            per = {key: n / args.jobs for key, n in trips.items()}
+            print(f"round trips per run: {per['total']:.2f} (statements {per['statements']:.2f}, BEGIN "
+                  f"{per['BEGIN']:.2f}, COMMIT {per['COMMIT']:.2f}, ROLLBACK {per['ROLLBACK']:.2f})")
     return 0
 
 

@@ -19,9 +19,10 @@ tests check both give the same runs). Rules modelled as in store.py / supervisor
 * deadline: a run longer than ``run_timeout_s`` is killed at its deadline (status Timeout);
 * sweep: a dead supervisor's runs are Failed ("abandoned") when its lease expires; its jobs are free again
   at that moment; it is replaced after ``restart_s``;
-* cost: each claim costs its supervisor ``claim_ms`` of CPU plus 2 statements, each finish ``finish_ms`` plus
-  3 statements, each skip 1 statement, at ``stmt_ms`` each (times the slowdown factor while the database
-  is slow); a supervisor does these one at a time.
+* cost: each claim costs its supervisor ``claim_ms`` of CPU plus ``claim_stmts`` statements (default 2, the
+  per-row path), each finish ``finish_ms`` plus ``finish_stmts`` (default 3), each skip 1 statement, at
+  ``stmt_ms`` each (times the slowdown factor while the database is slow); a supervisor does these one at a
+  time. Batched paths send fewer round trips per run: pass the measured counts (``compare.py --fleet`` does).
 
 Not modelled: RunAll's ``max_catchup_runs`` bound in the fast path, start_at/end_at, manual runs, heartbeats.
 """
@@ -69,6 +70,8 @@ class SimConfig(msgspec.Struct, kw_only=True):
     claim_ms: float = 3.0
     finish_ms: float = 3.0
     stmt_ms: float = 0.4
+    claim_stmts: float = 2.0  # database round trips per claim (a fraction: batched claims share theirs)
+    finish_stmts: float = 3.0  # per finish
     respawn_s: float = 0.1  # measured: ~60 ms from a kill to the next claim on that slot
     restart_s: float = 60.0
     lose_every_s: float | None = None
@@ -225,7 +228,7 @@ class Simulator:
                         heapq.heappush(idle_heap, (cpu[s], s))
                         push_ready(j)
                         continue
-                    start = now + (cfg.claim_ms + 2 * cfg.stmt_ms * slow(now)) / 1000
+                    start = now + (cfg.claim_ms + cfg.claim_stmts * cfg.stmt_ms * slow(now)) / 1000
                     cpu[s] = start
                     idle[s] -= 1
                     if idle[s] > 0:
@@ -264,7 +267,7 @@ class Simulator:
                 stats[{"Timeout": "kills", "Failed": "crashes"}.get(status, "completed")] += 1
                 if rec is not None:
                     rec.update(completed_at=t, status=status, crashed=status == "Failed")
-                cpu[s] = max(cpu[s], t) + (cfg.finish_ms + 3 * cfg.stmt_ms * slow(t)) / 1000
+                cpu[s] = max(cpu[s], t) + (cfg.finish_ms + cfg.finish_stmts * cfg.stmt_ms * slow(t)) / 1000
                 if holder[j] == s:
                     holder[j] = -1
                     if j in waiting:

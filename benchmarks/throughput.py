@@ -77,13 +77,15 @@ class BenchError(RuntimeError):
 
 
 class Bench:
-    """One (cap, repetition): its own database, supervisor and pool, all in this process."""
+    """One (cap, repetition): its own database (a SQLite file, or ``db_url``), supervisor and pool, all in
+    this process."""
 
-    def __init__(self, cap: int, k: int, db_dir: str | None) -> None:
+    def __init__(self, cap: int, k: int, db_dir: str | None, db_url: str | None = None) -> None:
         self.cap = cap
         self.k = k
         self.tmp = tempfile.mkdtemp(prefix=f"mjsched-bench-cap{cap}-", dir=db_dir)
-        self.db_url = f"sqlite:///{Path(self.tmp, 'bench.db')}"
+        # another database (an empty PostgreSQL schema, ``cpu_per_run.py --backend``): the caller drops it
+        self.db_url = db_url or f"sqlite:///{Path(self.tmp, 'bench.db')}"
         self.store = Store.open(self.db_url)
         self.settings = Settings(database_url=self.db_url, plugins_dir=PLUGINS_DIR, max_concurrent_jobs=cap)
         self.pool = Pool(cap, PLUGINS_DIR, log_level=logging.WARNING,

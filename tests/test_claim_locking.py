@@ -15,6 +15,7 @@ from conftest import FIXTURE_PLUGINS, Driver, add_job, isolated_database
 from fakes import FakePool
 
 from mjsched_isolated.store import Store
+from mjsched_isolated.store import leases as leases_mod
 from mjsched_isolated.store.leases import ClaimRequest, Outcome
 from mjsched_isolated.store.schema import jobs
 
@@ -260,11 +261,13 @@ def test_a_batch_of_results_is_judged_row_by_row_on_every_database(any_store):
     assert (j2["run_count"], j2["avg_duration_ms"], j2["failure_count"], j2["consecutive_failures"]) == (2, 1.0, 2, 2)
 
 
-def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_lease(tmp_path):
-    """PostgreSQL judges the leases in the locking read; the holder's ``supervisors`` row is not locked, so
-    a holder judged dead may renew before the UPDATE. The UPDATE's own row count catches it: the batch is
-    judged again row by row and the claim loses (the renewal is injected at that very moment, on a
-    connection of its own)."""
+def test_a_holder_that_renews_between_the_locking_read_and_the_update_keeps_its_lease(tmp_path, monkeypatch):
+    """PostgreSQL's claim transaction (claims that are not plain; a plain batch is one statement, judged and
+    written on one snapshot, with no moment in between) judges the leases in the locking read; the holder's
+    ``supervisors`` row is not locked, so a holder judged dead may renew before the UPDATE. The UPDATE's own
+    row count catches it: the batch is judged again row by row and the claim loses (the renewal is injected
+    at that very moment, on a connection of its own)."""
+    monkeypatch.setattr(leases_mod, "_plain_claims", lambda requests: False)
     with isolated_database("postgresql", tmp_path) as url:
         store = Store.open(url)
         other = sa.create_engine(url)

@@ -72,6 +72,7 @@ class Backfills:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._due_prebuilt: sa.Select | None = None
+        self.reader = schema.reader(engine)  # the poll's due read: no transaction round trips (PostgreSQL)
 
     # -- requests ------------------------------------------------------------------------------------
     def add_backfill(self, job_id: int, occurrences: Sequence[dt.datetime], *, requested_by: str,
@@ -177,7 +178,7 @@ class Backfills:
         else:
             query = self._due_prebuilt = self._due_prebuilt if self._due_prebuilt is not None else self._due_query(())
         out = []
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             for r in conn.execute(query, {"p_limit": limit}).mappings():
                 entry = {c.name: r[c.name] for c in backfills.c}
                 job = {c.name: r[f"job__{c.name}"] for c in jobs.c}

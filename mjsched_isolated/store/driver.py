@@ -11,8 +11,8 @@ SQLite statement itself (measured with callgrind: see ``benchmarks/README.md``, 
 Semantics kept from ``Connection.execute``: the same SQL and the same type conversions, in and out; a
 DBAPI error is raised as SQLAlchemy's wrapper (``sqlalchemy.exc.IntegrityError``, ``OperationalError``...,
 what :func:`mjsched_isolated.store.errors.is_permanent_error` judges), and a lost connection is
-invalidated so the pool does not hand it out again. Not supported (refused when prepared): expanding
-``IN`` parameters and statements whose SQL depends on the parameters.
+invalidated so the pool does not hand it out again, nor any connection opened before it. Not supported
+(refused when prepared): expanding ``IN`` parameters and statements whose SQL depends on the parameters.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Prepared:
         self._result: list[tuple[int, Callable[[Any], Any]]] | None = None
         self._result_types: list[Any] = []
         self.columns: list[str] = []
-        selected = (stmt.selected_columns if isinstance(stmt, sa.Select)
+        selected = (stmt.selected_columns if isinstance(stmt, (sa.Select, sa.TextualSelect))
                     else getattr(stmt, "_returning", None) or ())
         self._result_types = [c.type for c in selected]
         self.columns = [str(c.key) for c in selected]
@@ -85,6 +85,9 @@ class Prepared:
             return exc
         disconnect = self.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
         if disconnect:
+            # as Connection.execute does: the pool's other connections are as stale (the pool pings only
+            # those idle a while, schema._ping_when_idle), so every one opened before is replaced at checkout
+            conn.engine.pool._invalidate(conn.connection, exc, _checkin=False)
             conn.invalidate(exc)
         return sa.exc.DBAPIError.instance(self.sql, params, exc, dbapi.Error, connection_invalidated=disconnect,
                                           dialect=self.dialect)

@@ -61,6 +61,7 @@ class Jobs:
         self._ahead_read_at: dt.datetime | None = None
         self._recheck_prepared: dict[int, Prepared] = {}
         self._due_ids_prepared: Prepared | None = None
+        self.reader = schema.reader(engine)  # the poll's reads: no transaction round trips (PostgreSQL)
 
     # -- management --------------------------------------------------------------------------------
     def add_job(self, values: Values, now: dt.datetime) -> int:
@@ -184,9 +185,9 @@ class Jobs:
                 if self._due_locking_prebuilt is None:
                     self._due_locking_prebuilt = self._due_query((), True)
                 query = self._due_locking_prebuilt
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return _job_rows(conn.execute(query, params))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             # the usual case: built once (building it cost more than running it); SQLite: read ahead
             if self.dialect != "sqlite" or limit > READ_AHEAD_MAX_LIMIT:
                 if self._due_prepared is None:
@@ -284,12 +285,12 @@ class Jobs:
         Replace: the due Replace jobs whose run is live (to be replaced; RunAll ones too)."""
         params = {"p_now": now, "p_limit": limit}
         if exclude:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return _job_rows(conn.execute(self._live_skip_query(exclude, mode), params))
         prepared = self._live_skip_prepared.get(mode)
         if prepared is None:
             prepared = self._live_skip_prepared[mode] = Prepared(self._live_skip_query((), mode), self.engine.dialect)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return cast(list[JobRow], prepared.mappings(conn, params))
 
     def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()], mode: str) -> sa.Select:
@@ -311,11 +312,11 @@ class Jobs:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row
         of an ordered index walk, not a scan."""
         if exclude:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 return conn.execute(self._next_due_query(exclude)).scalar()
         if self._next_due_prepared is None:
             self._next_due_prepared = Prepared(self._next_due_query(exclude), self.engine.dialect)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = self._next_due_prepared.rows(conn)
         return rows[0][0] if rows else None
 

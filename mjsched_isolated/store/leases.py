@@ -24,7 +24,9 @@ late (an outage, a batch) keeps its true end; without one given, the database's 
 
 Hot path (issue 11): the statements a run needs are built once per dialect (:class:`_Statements`) and
 executed with bound parameters, and :meth:`Leases.claim_many` / :meth:`Leases.finish_runs` take a whole
-poll's claims, or a whole wait's results, in one transaction.
+poll's claims, or a whole wait's results, in one transaction; on PostgreSQL a plain batch of either is ONE
+statement in autocommit (one round trip), with the same rows written. Job rows are locked in id order by
+claims and results alike.
 """
 
 from __future__ import annotations
@@ -171,6 +173,9 @@ class _Statements:
             ids = jobs.c.id == sa.any_(sa.bindparam("p_ids", type_=postgresql.ARRAY(sa.Integer)))
             lock = sa.select(*cols).where(ids).order_by(jobs.c.id)
             self.lock_jobs = lock.with_for_update(of=jobs)
+            # a result batch's job rows, locked as its UPDATEs would lock them (FOR NO KEY UPDATE), in id order
+            self.lock_jobs_in_order = sa.select(jobs.c.id).where(ids).order_by(jobs.c.id).with_for_update(
+                key_share=True)
             self.lock_jobs_skip = lock.with_for_update(of=jobs, skip_locked=True)
         else:
             # MariaDB: only the jobs rows are read under the lock (a locking read's subquery would lock the
@@ -249,6 +254,72 @@ class _Statements:
                 "max_rss_mb) WHERE runs.id = v.id AND runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT "
                 "FROM v.token RETURNING runs.id",
             ).bindparams(*(sa.bindparam(name, type_=postgresql.ARRAY(t)) for name, t, _ in arrays))
+            # a plain batch of results (each counted, no retry, no pause, no notice; each run and job once) as ONE
+            # statement, run in autocommit: the terminal run rows (judged as finish_many_pg judges them), then
+            # the job rows of those written, locked in id order as claims lock them (no deadlock with a
+            # peer's claim; the run rows first, as the abandonment sweep takes them), then their statistics
+            # and lease release in one UPDATE (a row may be updated once per statement). The right-hand sides
+            # read the job row as it was, so the release compares the token the run was claimed with.
+            # A scalar subquery over the locking CTE is evaluated once, before any job row is updated.
+            release = "CASE WHEN jobs.lock_token = fin.token THEN NULL ELSE jobs.{0} END"
+            self.finish_plain_pg = sa.text(
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(id integer, job_id "
+                "integer, token varchar, status varchar, success boolean, error_message text, completed_at "
+                "timestamp, details text, duration_ms float8, cpu_s float8, max_rss_mb float8)), "
+                "fin AS (UPDATE runs SET status = v.status, success = v.success, error_message = v.error_message, "
+                f"completed_at = COALESCE(v.completed_at, {now_sql}), details = v.details, duration_ms = "
+                "v.duration_ms, cpu_s = v.cpu_s, max_rss_mb = v.max_rss_mb FROM v WHERE runs.id = v.id AND "
+                "runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT FROM v.token RETURNING runs.id, "
+                "v.job_id, v.token, CASE WHEN v.success THEN 1 ELSE 0 END AS successes, v.duration_ms, "
+                "v.completed_at), "
+                "lk AS (SELECT jobs.id FROM jobs WHERE jobs.id IN (SELECT fin.job_id FROM fin) ORDER BY jobs.id "
+                "FOR NO KEY UPDATE), "
+                "st AS (UPDATE jobs SET avg_duration_ms = CASE WHEN fin.duration_ms IS NULL THEN "
+                "jobs.avg_duration_ms WHEN jobs.avg_duration_ms IS NULL THEN fin.duration_ms ELSE "
+                "(jobs.avg_duration_ms * jobs.run_count + fin.duration_ms) / (jobs.run_count + 1) END, "
+                "last_duration_ms = COALESCE(fin.duration_ms, jobs.last_duration_ms), run_count = jobs.run_count + 1, "
+                "success_count = jobs.success_count + fin.successes, failure_count = jobs.failure_count + 1 - "
+                f"fin.successes, last_run_at = COALESCE(fin.completed_at, {now_sql}), consecutive_failures = CASE "
+                "WHEN fin.successes = 1 THEN 0 ELSE jobs.consecutive_failures + 1 END, "
+                + ", ".join(f"{col} = {release.format(col)}" for col in (
+                    "lock_token", "locked_at", "locked_by_instance", "expected_completion_at"))
+                + " FROM fin WHERE jobs.id = fin.job_id AND (SELECT count(*) FROM lk) >= 0 RETURNING jobs.id) "
+                "SELECT fin.id FROM fin",
+            ).bindparams(sa.bindparam("p_payload", type_=sa.Text)).columns(runs.c.id)
+            # a plain batch of claims (the occurrence seen, the lease taken if free, nothing else; each job once)
+            # as ONE statement, run in autocommit: the job rows locked in id order (SKIP LOCKED, or waiting for
+            # them) with each occurrence and lease judged on the locked row (lease_free's rule, as the
+            # predicates module writes it), the compare-and-sets of those that won, and their run rows. A row
+            # the lock skipped is reported unlocked (busy: neither won nor lost); the unique index on runs
+            # refuses a duplicate run by failing the whole statement (nothing written), as the transaction did
+            free = (f"(jobs.lock_token IS NULL OR jobs.expected_completion_at IS NULL OR jobs.expected_completion_at "
+                    f"< {now_sql} OR NOT EXISTS (SELECT 1 FROM supervisors AS holder WHERE holder.instance = "
+                    f"jobs.locked_by_instance AND holder.lease_expires_at > {now_sql}))")
+            claim_sql = (
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
+                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
+                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
+                f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok, jobs.next_run_at IS DISTINCT "
+                "FROM v.seen AS moved FROM jobs JOIN v ON jobs.id = "
+                "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), "
+                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
+                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
+                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
+                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN (SELECT lk.id FROM lk WHERE lk.ok) "
+                "RETURNING jobs.id), "
+                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
+                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
+                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
+                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
+                "RETURNING runs.id, runs.job_id, runs.started_at) "
+                "SELECT v.i, lk.id IS NOT NULL AND NOT lk.moved AS locked, ins.id, ins.started_at FROM v LEFT JOIN "
+                "lk ON lk.id = "
+                "v.job_id LEFT JOIN ins ON ins.job_id = v.job_id")
+            self.claim_plain_pg, self.claim_plain_skip_pg = (sa.text(claim_sql.format(skip=skip)).bindparams(
+                sa.bindparam("p_payload", type_=sa.Text), sa.bindparam("p_instance", type_=sa.String),
+                sa.bindparam("p_not_before", type_=schema.UTCDateTime),
+            ).columns(sa.column("i", sa.Integer), sa.column("locked", sa.Boolean), sa.column("id", sa.Integer),
+                      sa.column("started_at", schema.UTCDateTime)) for skip in ("", " SKIP LOCKED"))
 
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
@@ -286,6 +357,21 @@ _NO_RETRY: dict[str, Any] = {"retry_at": None, "retry_attempt": None, "retry_sch
 def _naive(at: dt.datetime | None) -> dt.datetime | None:
     """An aware datetime as the naive UTC the columns store (for arrays, which bypass :class:`UTCDateTime`)."""
     return None if at is None else at.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def _plain(outcomes: Sequence[Outcome]) -> bool:
+    """Each outcome counted, without a retry, a pause to judge or a notice, each run and each job once."""
+    return (all(o.count and o.retry_at is None and o.pause_reason is None and not o.notices and not o.pause_notices
+                for o in outcomes)
+            and len({o.run_id for o in outcomes}) == len({o.job_id for o in outcomes}) == len(outcomes))
+
+
+def _plain_claims(requests: Sequence[ClaimRequest]) -> bool:
+    """Each request takes the lease if free (not only if unheld) of an occurrence seen, changes no status and
+    ends no retry; each job once."""
+    return (all(r.take_lease and not r.only_free_lease and r.status is None and not r.retry
+                and r.job["next_run_at"] is not None for r in requests)
+            and len({r.job["id"] for r in requests}) == len(requests))
 
 
 class _RecheckError(Exception):
@@ -358,6 +444,7 @@ class Leases:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._stmts = _Statements(self.dialect)
+        self.reader = schema.reader(engine)  # reads that write nothing: no transaction round trips (PostgreSQL)
         st, d = self._stmts, engine.dialect
         # recording a result, per run: compiled once, run through the DBAPI cursor (:mod:`.driver`)
         self._finish_run = Prepared(st.finish_run, d)
@@ -370,6 +457,10 @@ class Leases:
         self._insert_run = Prepared(st.insert_run.returning(runs.c.id) if self.dialect == "postgresql"
                                     else st.insert_run, d)
         self._claim_prepared: dict[int, Prepared] = {}  # id of a claim statement (:meth:`_Statements.claim`)
+        if self.dialect == "postgresql":
+            self._finish_plain_pg = Prepared(st.finish_plain_pg, d)
+            self._claim_plain_pg = Prepared(st.claim_plain_pg, d)
+            self._claim_plain_skip_pg = Prepared(st.claim_plain_skip_pg, d)
 
     def claim(self, job: Mapping[str, Any], *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -406,10 +497,16 @@ class Leases:
         recorded) is not waited for; its request gets None *and its index is added to* ``busy`` - it
         neither won nor lost, and stays due for the next poll. On PostgreSQL the leases are judged in that
         locking read, so the compare-and-sets go as one pipelined executemany and the run rows as one
-        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3."""
+        ``INSERT ... RETURNING``: about 5 round trips for a batch instead of 2 per run plus 3; a plain batch
+        (:func:`_plain_claims`: the lease taken if free, nothing else) is all of that in ONE statement in
+        autocommit (:meth:`_claim_plain`), one round trip; as it holds its rows only that long, a request
+        whose occurrence moved on since it was read (a peer's claim just committed) is counted in ``busy``
+        there too."""
         if not requests:
             return []
         try:
+            if self.dialect == "postgresql" and _plain_claims(requests):
+                return self._claim_plain(requests, instance, not_before, busy)
             if self.dialect != "sqlite" and len({r.job["id"] for r in requests}) == len(requests):
                 try:
                     return self._claim_locked(requests, now, instance, not_before, busy)
@@ -437,6 +534,32 @@ class Leases:
                 return [None]
         return [self.claim_many([r], now=now, instance=instance, not_before=not_before, busy=None)[0]
                 for r in requests]
+
+    def _claim_plain(self, requests: Sequence[ClaimRequest], instance: str, not_before: dt.datetime | None,
+                     busy: set[int] | None) -> list[Claim | None]:
+        """PostgreSQL, a plain batch (:func:`_plain_claims`): :meth:`claim_many` as ONE statement in autocommit
+        (``claim_plain_pg``: one round trip instead of BEGIN, the locking read, the compare-and-sets, the
+        INSERT and COMMIT), each request judged as :meth:`_claim_locked` judges it."""
+        tokens = [uuid.uuid4().hex for _ in requests]
+        payload = msgspec.json.encode([{
+            "i": i, "job_id": r.job["id"], "seen": _naive(r.job["next_run_at"]), "next_run_at": _naive(r.next_run_at),
+            "token": t, "lease_s": r.lease_s, "deadline_at": _naive(r.deadline_at),
+            "scheduled_at": _naive(r.scheduled_at), "queued_at": _naive(r.queued_at), "missed": r.missed,
+            "skipped": r.skipped, "attempt": r.attempt} for i, (r, t) in enumerate(zip(requests, tokens, strict=True))
+        ]).decode()
+        stmt = self._claim_plain_pg if busy is None else self._claim_plain_skip_pg
+        with self.reader.connect() as conn:
+            rows = stmt.rows(conn, {"p_payload": payload, "p_instance": instance, "p_not_before": not_before})
+        claims: list[Claim | None] = [None] * len(requests)
+        for i, locked, run_id, started_at in rows:
+            if run_id is not None:
+                claims[i] = Claim(run_id=int(run_id), lock_token=tokens[i], started_at=started_at)
+            elif not locked and busy is not None:
+                # locked by another transaction (SKIP LOCKED), the job gone, or its occurrence moved on since
+                # the poll read it: a peer's claim, just committed (one statement holds its rows so briefly
+                # that peers rarely find them locked): contention all the same, not a live run to skip
+                busy.add(i)
+        return claims
 
     def _claim_locked(self, requests: Sequence[ClaimRequest], now: dt.datetime, instance: str,
                       not_before: dt.datetime | None, busy: set[int] | None) -> list[Claim | None]:
@@ -572,9 +695,12 @@ class Leases:
         together), each judged by its own row count. Returns one bool per outcome, in order. The statistics
         and releases of the runs that were still Running are then written as one batch of parameters per
         statement (executemany). Any error rolls back the whole batch (the caller then retries, or records
-        the outcomes one at a time to find the one the database refuses)."""
+        the outcomes one at a time to find the one the database refuses). On PostgreSQL a plain batch
+        (:func:`_plain`) is one statement (:meth:`_finish_plain`)."""
         if not outcomes:
             return []
+        if self.dialect == "postgresql" and _plain(outcomes):
+            return self._finish_plain(outcomes)
         st = self._stmts
         with self.engine.begin() as conn:
             # a result lands only on the run row claimed with its token (an id alone could name another run)
@@ -586,7 +712,12 @@ class Leases:
                     "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
                     "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
                     "p_max_rss_mb": o.max_rss_mb}) == 1 for o in outcomes]
-            won = [o for o, d in zip(outcomes, done, strict=True) if d]
+            # the job rows in id order, as claims lock them (a peer's claim waiting on one row while holding
+            # another must not meet this transaction the other way round): a stable sort for the per-row
+            # writes, and on PostgreSQL, whose batched UPDATEs lock in the plan's order, a locking read first
+            won = sorted((o for o, d in zip(outcomes, done, strict=True) if d), key=lambda o: o.job_id)
+            if self.dialect == "postgresql" and len({o.job_id for o in won}) > 1:
+                conn.execute(st.lock_jobs_in_order, {"p_ids": sorted({o.job_id for o in won})})
             for o in won:  # the pending retry, before the statistics (a retried failure is not final)
                 if o.retry_at is not None:
                     o.retry_set = conn.execute(st.set_retry, {
@@ -627,6 +758,19 @@ class Leases:
                 if o.notices:
                     insert_notices(conn, self.dialect, o.notices)
         return done
+
+    def _finish_plain(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """PostgreSQL, a plain batch (:func:`_plain`): :meth:`finish_runs` as ONE statement in autocommit
+        (``finish_plain_pg``: one round trip instead of BEGIN, three statements and COMMIT), the same rows
+        written. True per outcome written."""
+        payload = msgspec.json.encode([{
+            "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
+            "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
+            "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
+            "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
+        with self.reader.connect() as conn:
+            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": payload})}
+        return [o.run_id in written for o in outcomes]
 
     def _finish_rows_pg(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
         """PostgreSQL: the terminal run rows of ``outcomes`` (distinct run ids) in one UPDATE ... FROM
@@ -678,7 +822,7 @@ class Leases:
         query = sa.select(runs).where(runs.c.status == RunStatus.RUNNING)
         if instance is not None:
             query = query.where(runs.c.executed_by_instance == instance)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [cast(RunRow, dict(r)) for r in conn.execute(query).mappings()]
 
     def held_runs(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, str | None]:
@@ -694,7 +838,7 @@ class Leases:
                  .outerjoin(jobs, jobs.c.id == runs.c.job_id)
                  .where(runs.c.id.in_(sorted(tokens)), runs.c.status == RunStatus.RUNNING,
                         runs.c.executed_by_instance == instance))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query).mappings().all()
         held: dict[int, str | None] = {}
         for row in rows:
@@ -746,7 +890,7 @@ class Leases:
                            sa.not_(holder_alive(self.dialect, runs.c.executed_by_instance))))
         if exclude_run_ids:
             orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             orphans = conn.execute(orphan_q).mappings().all()
         abandoned = []
         for orphan in orphans:

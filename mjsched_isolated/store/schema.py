@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import time
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
@@ -392,7 +393,54 @@ def connect(url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
     else:
-        engine = sa.create_engine(url, pool_pre_ping=True)
+        engine = sa.create_engine(url)
+        _ping_when_idle(engine)
+    return engine
+
+
+IDLE_PING_S = 1.0
+"""A pooled connection idle this long (seconds) is pinged before it is handed out (see :func:`_ping_when_idle`)."""
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Pessimistic disconnect handling without a round trip per checkout (issue 11: ``pool_pre_ping`` pinged
+    every checkout, a fifth of a busy supervisor's round trips on PostgreSQL): a connection is pinged only
+    if it sat in the pool :data:`IDLE_PING_S` or longer. A ping that finds it dead raises
+    ``DisconnectionError``, so the pool replaces it (SQLAlchemy tries three times), and marks the whole pool
+    stale (every connection opened before is replaced at its next checkout), as an error found by a
+    statement does (:mod:`.driver` does the same for its prepared statements)."""
+    dialect = engine.dialect
+
+    @sa.event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_conn, record) -> None:
+        record.info["mjsched_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn, record, proxy) -> None:
+        since = record.info.pop("mjsched_idle_since", None)
+        if since is None or time.monotonic() - since < IDLE_PING_S:  # new, or used a moment ago
+            return
+        try:
+            alive = dialect.do_ping(dbapi_conn)
+        except dialect.loaded_dbapi.Error as exc:
+            if not dialect.is_disconnect(exc, dbapi_conn, None):
+                raise
+            engine.pool._invalidate(proxy, exc, _checkin=False)  # the others are as stale: replaced at checkout
+            raise sa.exc.DisconnectionError(f"connection lost while idle: {exc}") from exc
+        if alive is False:
+            engine.pool._invalidate(proxy, None, _checkin=False)
+            raise sa.exc.DisconnectionError("connection lost while idle")
+
+
+def reader(engine: Engine) -> Engine:
+    """``engine`` for reads that write nothing (the poll's due reads, liveness reads): on PostgreSQL the
+    same pool in autocommit (``isolation_level="AUTOCOMMIT"``, set on the driver's connection without a
+    round trip), so a read is one round trip instead of BEGIN, the read and the ROLLBACK of the pool's
+    reset (which also made psycopg drop its prepared statements: ``DEALLOCATE ALL``, a fourth); each
+    statement still sees one consistent snapshot. Elsewhere ``engine`` itself (MariaDB would switch its
+    autocommit with a round trip each way; SQLite's driver begins no transaction for a read)."""
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
     return engine
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,9 @@ ADVICE_INTERVAL_S = 60.0
 LIVE_SKIP_ROWS = 100  # due Skip jobs with a live run skipped per poll when no worker is idle
 # after a claim met a row another supervisor held, the due read passes over such rows (SKIP LOCKED) this long
 CONTENDED_FOR = dt.timedelta(seconds=30)
+# meanwhile it reads this many times its free slots and takes them in a random order within each instant: a
+# claim holds its rows for one statement only (PostgreSQL), too briefly for a peer's read to pass over them
+CONTENDED_READ = 3
 
 
 def how_many(count: int) -> str:
@@ -78,6 +82,7 @@ class Dispatcher:
         self.skip_due_at: dict[int, dt.datetime | None] = {}
         # until when the due read passes over rows a peer's claim holds: set when a claim met such a row
         self.contended_until: dt.datetime | None = None
+        self._shuffle = random.Random()  # the order of equally due rows while contended (not a secret)
         # job id -> its next_run_at, for the Replace jobs whose run this supervisor holds: when to replace it
         self.replace_due_at: dict[int, dt.datetime | None] = {}
         # job id -> the occurrence that replaced its run here: the newest due occurrence runs once it is freed
@@ -161,7 +166,10 @@ class Dispatcher:
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         limit = len(idle)
         contended = self.contended_until is not None and now < self.contended_until
-        due = self.store.due_jobs(now, limit=limit, exclude=self._excluded(), skip_locked=contended)
+        read = limit * CONTENDED_READ if contended else limit
+        due = self.store.due_jobs(now, limit=read, exclude=self._excluded(), skip_locked=contended)
+        if contended:  # peers read the same first rows: each takes them in an order of its own, instant by instant
+            due.sort(key=lambda j: (j["next_run_at"], self._shuffle.random()))
         for job in due:
             if not idle:
                 break
@@ -175,7 +183,7 @@ class Dispatcher:
                 idle.remove(worker)
                 to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
-        if len(due) == limit:  # more may be due than this poll could look at: the live Skip ones too
+        if len(due) == read:  # more may be due than this poll could look at: the live Skip ones too
             self.skip_live(now, known)
         elif idle:  # the regular schedule first; workers it left idle run pending backfills and retries
             self.dispatch_backfills(now, idle, types, known)
