@@ -360,8 +360,6 @@ def test_a_worker_the_kernel_killed_at_the_cgroup_memory_limit_is_recorded_as_th
     """An out-of-memory kill was a bare SIGKILL ("most likely the kernel's out-of-memory killer"); the
     worker's cgroup counts it, so the run says which limit ended it."""
     _usable(mode)
-    from mjsched_isolated.supervisor.guard import RunGuard
-
     with OneWorker(str(plugins), cgroups_mode=mode) as one:
         if one.worker.cgroup is None or one.worker.cgroup.memory_dir is None:
             pytest.skip(f"no memory cgroup here: {one.pool.containment()}")
@@ -373,20 +371,27 @@ def test_a_worker_the_kernel_killed_at_the_cgroup_memory_limit_is_recorded_as_th
         wait_until(lambda: died.extend(e for e in one.pool.wait(0.5)[0] if e.died) or died, 20, "the worker's death")
         assert died[0].exitcode == -signal.SIGKILL and died[0].oom_killed
 
-        recorded = {}
-
-        class Recorder:
-            def record(self, flight, now, **fields):
-                recorded.update(fields)
-
-        class Flight:
-            run_id, job = 1, {}
-            kill_at = None
-        guard = RunGuard(None, None, one.pool, None, Recorder(), {1: Flight()})
-        guard.on_death(died[0], None)
+        recorded = _recorded_death(one.pool, died[0])
         assert recorded["error_message"].startswith(
             f"memory limit 100 MB exceeded: the kernel's out-of-memory killer ended worker process {worker.pid} at "
             "its cgroup's memory limit (killed by signal SIGKILL)"), recorded
+
+
+def _recorded_death(pool, event) -> dict:
+    """The fields :class:`RunGuard` records for run 1 when its worker's death ``event`` comes in."""
+    from mjsched_isolated.supervisor.guard import RunGuard
+
+    recorded: dict = {}
+
+    class Recorder:
+        def record(self, flight, now, **fields):
+            recorded.update(fields)
+
+    class Flight:
+        run_id, job = 1, {}
+        kill_at = None
+    RunGuard(None, None, pool, None, Recorder(), {1: Flight()}).on_death(event, None)
+    return recorded
 
 
 @pytest.mark.timeout(30)
@@ -396,8 +401,6 @@ def test_a_worker_killed_from_outside_is_not_blamed_on_memory_when_its_cgroup_co
     """New-user review L5: a ``kill -9`` from outside was recorded "most likely the kernel's out-of-memory
     killer" although the worker's cgroup accounting showed no out-of-memory kill."""
     _usable(mode)
-    from mjsched_isolated.supervisor.guard import RunGuard
-
     with OneWorker(str(plugins), cgroups_mode=mode) as one:
         if one.worker.cgroup is None or one.worker.cgroup.memory_dir is None:
             pytest.skip(f"no memory cgroup here: {one.pool.containment()}")
@@ -412,17 +415,7 @@ def test_a_worker_killed_from_outside_is_not_blamed_on_memory_when_its_cgroup_co
         wait_until(lambda: died.extend(e for e in one.pool.wait(0.5)[0] if e.died) or died, 20, "the worker's death")
         assert (died[0].exitcode, died[0].oom_killed, died[0].oom_evidence) == (-signal.SIGKILL, False, False)
 
-        recorded = {}
-
-        class Recorder:
-            def record(self, flight, now, **fields):
-                recorded.update(fields)
-
-        class Flight:
-            run_id, job = 1, {}
-            kill_at = None
-        guard = RunGuard(None, None, one.pool, None, Recorder(), {1: Flight()})
-        guard.on_death(died[0], None)
+        recorded = _recorded_death(one.pool, died[0])
         assert recorded["error_message"].endswith(
             "(killed by signal SIGKILL): not sent by this supervisor, nor by the kernel's out-of-memory killer (the "
             "worker's cgroup counted no out-of-memory kill): another process or a person killed it"), recorded
