@@ -10,6 +10,7 @@ from conftest import add_job
 from mjsched_isolated.supervisor import utcnow
 
 NOT_AVAILABLE = "is not available on this supervisor"
+YEARLY = "0 0 1 1 *"
 
 
 def _held_by(store, name: str, instance: str) -> dict:
@@ -47,6 +48,25 @@ def test_a_job_type_is_not_judged_unavailable_while_the_workers_are_starting(mem
     assert store.get_job("s")["skipped_count"] >= 1
     assert "the job's lease is held by supervisor peer-1 (concurrency_mode Skip)" in caplog.text
     assert NOT_AVAILABLE not in caplog.text
+
+
+def test_a_type_the_plugins_folder_lacks_is_left_to_others_even_while_a_worker_starts(mem_store, fake_factory,
+                                                                                      caplog):
+    """A worker starting does not make every type "coming": one the newest Ready lacks (a rolling deploy) is
+    still left to a supervisor that has it, said once, so it does not hold the due read's place (one per
+    idle worker) while another job waits behind it."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2, rescan_interval_s=60)
+    d.pool.hold_ready()
+    d.pool.kill(d.pool.workers[1])  # refilled, starting; slot 0 stays idle
+    missing = add_job(store, "missing", "no_such_type", "* * * * * *")
+    add_job(store, "fine", "ok", YEARLY, next_run_at=missing["next_run_at"] + dt.timedelta(milliseconds=1))
+    at = d.timeline()
+    at(0.5)
+    at(0.6)
+    assert caplog.text.count("job_type 'no_such_type' " + NOT_AVAILABLE) == 1
+    assert missing["id"] in d.supervisor.dispatcher.unrunnable
+    assert [r.job_name for r in d.pool.submitted] == ["fine"]
 
 
 def test_a_skip_of_this_supervisors_own_live_run_says_so(mem_store, fake_factory, caplog):

@@ -209,7 +209,7 @@ class Dispatcher:
                 continue  # its lease is ours now: the job's next entry waits for this run
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
             if worker is None:
-                if job["job_type"] not in known and not self.workers_starting():
+                if job["job_type"] not in known and not self.coming(job["job_type"]):
                     self.unrunnable[job["id"]] = job["job_type"]
                 continue
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
@@ -429,13 +429,13 @@ class Dispatcher:
 
     def _runnable(self, job: JobRow, known: set[str], seen: dt.datetime | None) -> bool:
         """True if this supervisor has the job's plugin (``known``: the job types of its ready workers). A type
-        no ready worker has while a slot's worker is still starting (:meth:`workers_starting`) is not judged:
-        the job waits, due, for that worker's Ready (which wakes the loop). Else the job is left for a
-        supervisor that has the plugin until the next rescan, said once per (job, type) (``seen``: the
-        occurrence waiting; None for a retry, not logged)."""
+        no ready worker has but a starting one will (:meth:`coming`) is not judged: the job waits, due, for
+        that worker's Ready (which wakes the loop). Else the job is left for a supervisor that has the plugin
+        until the next rescan, said once per (job, type) (``seen``: the occurrence waiting; None for a
+        retry, not logged)."""
         if job["job_type"] in known:
             return True
-        if self.workers_starting():
+        if self.coming(job["job_type"]):
             self.waiting_for_worker.add(job["id"])
             return False
         self.unrunnable[job["id"]] = job["job_type"]  # left due for a supervisor that has it (a rolling deploy)
@@ -446,11 +446,15 @@ class Dispatcher:
                       job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
         return False
 
-    def workers_starting(self) -> bool:
-        """True while a slot of the pool has no ready worker: at start-up, a refill after a death, a kill or a
-        recycle, a reload's replacement. Such a worker may bring job types the ready ones lack (their union
-        is not what the plugins folder offers), so no type is judged unavailable meanwhile."""
-        return any(w is None or w.ready is None for w in self.pool.workers.values())
+    def coming(self, job_type: str) -> bool:
+        """True if ``job_type`` is one the newest Ready reported (``pool.last_ready``: what the plugins folder
+        offers) while a slot of the pool has no ready worker (at start-up, a refill after a death, a kill or a
+        recycle, a reload's replacement): that worker will bring it, even when no ready worker has it now (all
+        slots starting again). A type the newest Ready lacks (a rolling deploy, a module left out) is not
+        waited for, so a slot that keeps failing to start cannot hold such a job due at every poll."""
+        last = self.pool.last_ready
+        return (last is not None and any(p.job_type == job_type for p in last.plugins)
+                and any(w is None or w.ready is None for w in self.pool.workers.values()))
 
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
