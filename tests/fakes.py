@@ -80,7 +80,7 @@ def _registry(plugins_dir: str) -> Registry:
 class FakeWorker:
     """A pool slot's "child": ``pid`` is fake (never a real process), ``run`` the request it executes."""
 
-    def __init__(self, slot: int, ready: protocol.Ready) -> None:
+    def __init__(self, slot: int, ready: protocol.Ready | None) -> None:
         self.slot = slot
         self.pid = next(_pids)
         self.ready: protocol.Ready | None = ready
@@ -139,6 +139,7 @@ class FakePool:
         self._events: list[ChildEvent] = []
         self._finished: list[tuple[FakeWorker, list[Any]]] = []  # executed; reported at the next wait
         self._wakeup = threading.Event()
+        self._starting = False  # True: new workers stay not ready (a real child importing) until ready_all()
 
     @classmethod
     def from_settings(cls, settings: Any) -> FakePool:
@@ -230,6 +231,19 @@ class FakePool:
         """New runs execute again at once (held runs stay held)."""
         self._holding = set()
 
+    def hold_ready(self) -> None:
+        """Workers spawned from now on (a refill) stay *starting*, not ready, as a real child is while it
+        imports the plugins, until :meth:`ready_all`."""
+        self._starting = True
+
+    def ready_all(self) -> None:
+        """Every starting worker says Ready (its event comes at the next wait); new workers are ready again."""
+        self._starting = False
+        for worker in self.workers.values():
+            if worker is not None and worker.ready is None:
+                self._say_ready(worker)
+        self._wakeup.set()
+
     @property
     def held(self) -> list[int]:
         """Run ids held now, oldest first."""
@@ -254,12 +268,17 @@ class FakePool:
 
     # -- inside -----------------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> FakeWorker:
-        ready = protocol.Ready(pid=0, plugins=self.registry.infos, failures=self.registry.failures)
-        worker = FakeWorker(slot, ready)
+        worker = FakeWorker(slot, None)
         self.workers[slot] = worker
+        if not self._starting:
+            self._say_ready(worker)
+        return worker
+
+    def _say_ready(self, worker: FakeWorker) -> None:
+        ready = protocol.Ready(pid=0, plugins=self.registry.infos, failures=self.registry.failures)
+        worker.ready = ready
         self.last_ready = ready
         self._events.append(ChildEvent(worker=worker, message=ready))
-        return worker
 
     def _vacate(self, worker: FakeWorker) -> None:
         if self.workers.get(worker.slot) is not worker:

@@ -44,6 +44,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import RunStatus
+from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.outbox import insert_notices
@@ -433,8 +434,8 @@ ABANDONED_PREFIX = "abandoned: "  # how an abandoned run's error_message begins 
 def _abandon_message(run: Mapping[str, Any]) -> str:
     expired = run["holder_expired_at"]
     return (f"{ABANDONED_PREFIX}supervisor {run['executed_by_instance']} stopped renewing its lease "
-            f"({'expired ' + expired.isoformat() if expired else 'no longer registered'}) while "
-            f"the run (started {run['started_at'].isoformat()}) was in flight")
+            f"({'expired ' + iso(expired) if expired else 'no longer registered'}) while "
+            f"the run (started {iso(run['started_at'])}) was in flight")
 
 
 class Leases:

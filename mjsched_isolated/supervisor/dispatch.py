@@ -217,7 +217,7 @@ class Dispatcher:
                 continue  # its lease is ours now: the job's next entry waits for this run
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
             if worker is None:
-                if job["job_type"] not in known:
+                if job["job_type"] not in known and not self.coming(job["job_type"]):
                     self.unrunnable[job["id"]] = job["job_type"]
                 continue
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
@@ -358,8 +358,7 @@ class Dispatcher:
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
         if planner.pending_retry(job):  # a retry of an occurrence that already came due: no policy applies
-            if job["job_type"] not in known:
-                self.unrunnable[job["id"]] = job["job_type"]
+            if not self._runnable(job, known, None):
                 return False, None, job
             return True, job["retry_next_run_at"], job
         if planner.expired(job, now):  # its due occurrence (before end_at) is not run: counted missed
@@ -436,17 +435,34 @@ class Dispatcher:
             job["next_run_at"] = seen = overlap.scheduled_at
         return self._runnable(job, known, seen), overlap.next_run_at, job
 
-    def _runnable(self, job: JobRow, known: set[str], seen: dt.datetime) -> bool:
-        """True if this supervisor has the job's plugin; else the job is left for one that has it."""
-        if job["job_type"] not in known:  # left due for a supervisor that has the plugin (a rolling deploy)
-            self.unrunnable[job["id"]] = job["job_type"]
-            if (job["id"], job["job_type"]) not in self._reported_unrunnable:
-                self._reported_unrunnable.add((job["id"], job["job_type"]))
-                log.error("job %s: job_type %r is not available on this supervisor (see `plugins list`); its "
-                          "occurrences are left to a supervisor that has it (occurrence %s is waiting)",
-                          job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
+    def _runnable(self, job: JobRow, known: set[str], seen: dt.datetime | None) -> bool:
+        """True if this supervisor has the job's plugin (``known``: the job types of its ready workers). A type
+        no ready worker has but a starting one will (:meth:`coming`) is not judged: the job waits, due, for
+        that worker's Ready (which wakes the loop). Else the job is left for a supervisor that has the plugin
+        until the next rescan, said once per (job, type) (``seen``: the occurrence waiting; None for a
+        retry, not logged)."""
+        if job["job_type"] in known:
+            return True
+        if self.coming(job["job_type"]):
+            self.waiting_for_worker.add(job["id"])
             return False
-        return True
+        self.unrunnable[job["id"]] = job["job_type"]  # left due for a supervisor that has it (a rolling deploy)
+        if seen is not None and (job["id"], job["job_type"]) not in self._reported_unrunnable:
+            self._reported_unrunnable.add((job["id"], job["job_type"]))
+            log.error("job %s: job_type %r is not available on this supervisor (see `plugins list`); its "
+                      "occurrences are left to a supervisor that has it (occurrence %s is waiting)",
+                      job["name"], job["job_type"], iso(seen), extra=log_ctx(job))
+        return False
+
+    def coming(self, job_type: str) -> bool:
+        """True if ``job_type`` is one the newest Ready reported (``pool.last_ready``: what the plugins folder
+        offers) while a slot of the pool has no ready worker (at start-up, a refill after a death, a kill or a
+        recycle, a reload's replacement): that worker will bring it, even when no ready worker has it now (all
+        slots starting again). A type the newest Ready lacks (a rolling deploy, a module left out) is not
+        waited for, so a slot that keeps failing to start cannot hold such a job due at every poll."""
+        last = self.pool.last_ready
+        return (last is not None and any(p.job_type == job_type for p in last.plugins)
+                and any(w is None or w.ready is None for w in self.pool.workers.values()))
 
     def _claim_batch(self, to_run: list[tuple[JobRow, dt.datetime | None, Any]], now: dt.datetime) -> int:
         """Claim the scheduled occurrences of ``to_run`` ((job, next_run_at, worker) each) together and hand
@@ -470,13 +486,22 @@ class Dispatcher:
     def _skip_live_one(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None,
                        now: dt.datetime) -> None:
         """Skip occurrence ``seen`` of a Skip job because its lease is held (a run is live)."""
-        holder = job.get("locked_by_instance")  # as read by the poll
-        if (self._skip(job, seen, next_run_at, now, "concurrency", "Skipped",
-                       "a run is still live (concurrency_mode Skip)" if holder is None else
-                       f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is "
-                       "live, or that supervisor died and its liveness lease has not lapsed yet")
+        if (self._skip(job, seen, next_run_at, now, "concurrency", "Skipped", self._live_reason(job))
                 and job["id"] in self.skip_due_at):
             self.skip_due_at[job["id"]] = next_run_at
+
+    def _live_reason(self, job: JobRow) -> str:
+        """Why a Skip job's occurrence is skipped, for its log line and notice: this supervisor's own live run
+        (with its id when it is in flight here), or the lease of another supervisor, which may have died."""
+        holder = job.get("locked_by_instance")  # as read by the poll
+        if holder is None:
+            return "a run is still live (concurrency_mode Skip)"
+        if holder == self.settings.instance:
+            run_id = next((f.run_id for f in self.inflight.values() if f.job_id == job["id"]), None)
+            run = "its run" if run_id is None else f"its run {run_id}"
+            return f"{run} on this supervisor ({holder}) is still live (concurrency_mode Skip)"
+        return (f"the job's lease is held by supervisor {holder} (concurrency_mode Skip): its run is live, or that "
+                "supervisor died and its liveness lease has not lapsed yet")
 
     def _skip(self, job: JobRow, seen: dt.datetime, next_run_at: dt.datetime | None, now: dt.datetime,
               metric: str, event: str, why: str) -> bool:

@@ -5,8 +5,9 @@ process sentinel at once (plus any extra wake-up handles) and returns :class:`Ch
 dies or must be killed costs only its own run: :meth:`Pool.kill` takes down its whole process tree and the
 slot is refilled. A child that dies (or hangs past ``ready_timeout_s``) while importing a plugin module
 names that module (children announce each import): the module is left out of every later child and
-reported as a load failure, so only its own job types are lost. A slot whose child keeps dying before it
-is ready for any other reason backs off (1 s doubling to 60 s), so it cannot spin the supervisor.
+reported as a load failure, so only its own job types are lost; a SIGKILL, which may come from outside,
+only the second time. A slot whose child keeps dying before it is ready for any other reason backs off
+(1 s doubling to 60 s), so it cannot spin the supervisor.
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ class Pool:
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self._warned: set[str] = set()  # plugin-load warnings already logged
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
+        # plugin files a child was SIGKILLed while importing, once: left out only if it happens again
+        self.killed_importing: set[str] = set()
         # PID 1 (a container without an init) inherits every orphan of the host's processes: the watchdog
         # and grandchildren of a killed worker. It must reap them or zombies pile up (see _reap_orphans).
         self.reap_orphans = os.getpid() == 1
@@ -351,6 +354,7 @@ class Pool:
                             log.error("worker %d: %s", message.pid, fallback)
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
+                    self.killed_importing -= {p.module for p in message.plugins}  # it imports: not a suspect
                 elif isinstance(message, protocol.RunFinished) and worker.run and message.run_id == worker.run.run_id:
                     worker.run = None
                     worker.runs_done += 1
@@ -379,7 +383,7 @@ class Pool:
         self._release_cgroup(worker)  # and in its cgroup, whatever their session (a worker killed from outside)
         worker.conn.close()
         code = worker.process.exitcode
-        culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})")
+        culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})", code)
         event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
                            oom_killed=oom_killed, oom_evidence=oom_evidence)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
@@ -410,11 +414,20 @@ class Pool:
     def _remove_cgroups(self) -> None:
         self._cgroups_to_remove = [g for g in self._cgroups_to_remove if not g.remove()]
 
-    def _blame_import(self, worker: Worker, why: str) -> str | None:
+    def _blame_import(self, worker: Worker, why: str, exitcode: int | None = None) -> str | None:
         """If ``worker`` died while importing a plugin module, leave that module out of later children and
-        return its file name (the slot is then refilled at once: the next child will get further)."""
+        return its file name (the slot is then refilled at once: the next child will get further). A SIGKILL
+        (``exitcode`` -9) is not blamed on the module the first time: it may come from outside (the
+        out-of-memory killer for another process's memory, an operator, a watchdog reading another /proc);
+        the next child imports the module again, and a second SIGKILL there leaves it out."""
         module = worker.importing if worker.ready is None else None
         if module is None:
+            return None
+        if exitcode == -signal.SIGKILL and module not in self.killed_importing:
+            self.killed_importing.add(module)
+            log.warning("worker slot %d: child %d was killed (SIGKILL) while importing plugin module %s; not "
+                        "blamed on the module yet: the next worker imports it again (left out if that is killed "
+                        "too)", worker.slot, worker.pid, module)
             return None
         self.fatal_modules[module] = f"{why}; it is left out of later workers of this process"
         log.error("plugin module %s: %s; its job types are unavailable, the others load without it",
