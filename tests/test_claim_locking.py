@@ -391,3 +391,34 @@ def test_a_contended_poll_on_postgresql_takes_the_next_due_job_when_a_peer_holds
             if d is not None:
                 d.close()
             store.close()
+
+
+def test_a_contended_poll_on_postgresql_still_skips_a_skip_job_whose_run_is_live(tmp_path):
+    """Only plain candidates go to the pooled claim: a Skip job whose lease a live peer holds (as read) is
+    claimed as before, loses, and its occurrence is skipped; a plain one beside it runs."""
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        d = None
+        try:
+            pool = FakePool(2, FIXTURE_PLUGINS)
+            d = Driver(store, url, pool=pool, max_concurrent_jobs=2, plugins_dir=FIXTURE_PLUGINS).start()
+            at = d.timeline()
+            real_now = store.db_now()
+            store.register_supervisor("peer", "host", 1, 3600.0)
+            held, free = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
+                                  next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
+                          for name, s in (("held", 20), ("free", 10)))
+            with store.engine.begin() as conn:
+                conn.execute(sa.text("UPDATE jobs SET lock_token = 'peer-token', locked_by_instance = 'peer', "
+                                     "locked_at = now(), expected_completion_at = now() + interval '1 hour' "
+                                     "WHERE id = :i"), {"i": held["id"]})
+            d.supervisor.dispatcher.contended_until = real_now + dt.timedelta(hours=1)
+            at(0.0)
+            row = store.get_job("held")
+            assert store.list_runs(job_name="held") == [] and row["skipped_count"] == 1
+            assert row["next_run_at"] > held["next_run_at"]
+            assert [r["scheduled_at"] for r in store.list_runs(job_name="free")] == [free["next_run_at"]]
+        finally:
+            if d is not None:
+                d.close()
+            store.close()
