@@ -118,9 +118,13 @@ def test_a_claim_without_busy_waits_for_the_row_as_before(server_url):
         store.close()
 
 
-def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url):
+@pytest.mark.parametrize("pooled", [False, True], ids=["batch", "pool"])
+def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url, pooled):
     """Two supervisors' stores poll and claim the same 12 due jobs in batches, concurrently, 5 occurrences
-    each (claim, then finish to free the lease): every occurrence runs exactly once."""
+    each (claim, then finish to free the lease): every occurrence runs exactly once. ``pool``: PostgreSQL's
+    contended claim, 4 taken from all 12 candidates (``Store.claim_pool``)."""
+    if pooled and not server_url.startswith("postgresql"):
+        pytest.skip("claim_pool is PostgreSQL's")
     store = Store.open(server_url)
     jobs_n, occurrences = 12, 5
     try:
@@ -139,11 +143,15 @@ def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url)
                 own.db_now()
                 barrier.wait()
                 while True:
-                    due = [j for j in own.due_jobs(end - dt.timedelta(microseconds=1), limit=4)]
+                    due = [j for j in own.due_jobs(end - dt.timedelta(microseconds=1), limit=12 if pooled else 4)]
                     if not due:
                         return
                     busy: set[int] = set()
-                    claims = own.claim_many([_request(j) for j in due], now=NOW, instance=instance, busy=busy)
+                    if pooled:
+                        claims = own.claim_pool([_request(j) for j in due], 4, instance=instance)
+                        assert sum(c is not None for c in claims) <= 4
+                    else:
+                        claims = own.claim_many([_request(j) for j in due], now=NOW, instance=instance, busy=busy)
                     stats[instance][0] += sum(c is not None for c in claims)
                     stats[instance][1] += len(busy)
                     own.finish_runs([Outcome(run_id=c.run_id, job_id=j["id"], token=c.lock_token, status="Completed",
@@ -348,3 +356,69 @@ def test_two_runs_of_one_concurrent_job_in_a_batch_both_count(any_store):
                 duration_ms=4.0)]) == [True, True]
     row = store.get_job("c")
     assert (row["run_count"], row["success_count"], row["failure_count"], row["avg_duration_ms"]) == (2, 1, 1, 3.0)
+
+
+def test_a_contended_poll_on_postgresql_takes_the_next_due_job_when_a_peer_holds_the_first(tmp_path):
+    """While contended (peers polling the same due rows), a PostgreSQL poll claims its free slots from more
+    candidates than slots in one statement (``Store.claim_pool``): the first due job's row held by a peer
+    makes way for the next one, instead of a lost claim and an idle worker; the held one stays due."""
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        d = None
+        engine = conn = None
+        try:
+            pool = FakePool(1, FIXTURE_PLUGINS)
+            d = Driver(store, url, pool=pool, max_concurrent_jobs=1, plugins_dir=FIXTURE_PLUGINS).start()
+            at = d.timeline()
+            real_now = store.db_now()
+            first, second = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
+                                     next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
+                             for name, s in (("first", 20), ("second", 10)))
+            engine = sa.create_engine(url)
+            conn = engine.connect()  # as a result being written holds it (a due read's key-share lock passes)
+            conn.execute(sa.select(jobs.c.id).where(jobs.c.id == first["id"]).with_for_update(key_share=True))
+            d.supervisor.dispatcher.contended_until = real_now + dt.timedelta(hours=1)
+            at(0.0)
+            assert store.list_runs(job_name="first") == []
+            assert [r["scheduled_at"] for r in store.list_runs(job_name="second")] == [second["next_run_at"]]
+            row = store.get_job("first")
+            assert row["skipped_count"] == 0 and row["next_run_at"] == first["next_run_at"]  # still due
+        finally:
+            if conn is not None:
+                conn.close()
+            if engine is not None:
+                engine.dispose()
+            if d is not None:
+                d.close()
+            store.close()
+
+
+def test_a_contended_poll_on_postgresql_still_skips_a_skip_job_whose_run_is_live(tmp_path):
+    """Only plain candidates go to the pooled claim: a Skip job whose lease a live peer holds (as read) is
+    claimed as before, loses, and its occurrence is skipped; a plain one beside it runs."""
+    with isolated_database("postgresql", tmp_path) as url:
+        store = Store.open(url)
+        d = None
+        try:
+            pool = FakePool(2, FIXTURE_PLUGINS)
+            d = Driver(store, url, pool=pool, max_concurrent_jobs=2, plugins_dir=FIXTURE_PLUGINS).start()
+            at = d.timeline()
+            real_now = store.db_now()
+            store.register_supervisor("peer", "host", 1, 3600.0)
+            held, free = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
+                                  next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
+                          for name, s in (("held", 20), ("free", 10)))
+            with store.engine.begin() as conn:
+                conn.execute(sa.text("UPDATE jobs SET lock_token = 'peer-token', locked_by_instance = 'peer', "
+                                     "locked_at = now(), expected_completion_at = now() + interval '1 hour' "
+                                     "WHERE id = :i"), {"i": held["id"]})
+            d.supervisor.dispatcher.contended_until = real_now + dt.timedelta(hours=1)
+            at(0.0)
+            row = store.get_job("held")
+            assert store.list_runs(job_name="held") == [] and row["skipped_count"] == 1
+            assert row["next_run_at"] > held["next_run_at"]
+            assert [r["scheduled_at"] for r in store.list_runs(job_name="free")] == [free["next_run_at"]]
+        finally:
+            if d is not None:
+                d.close()
+            store.close()

@@ -216,3 +216,40 @@ def test_results_lock_their_job_rows_in_id_order_as_claims_do(pg_store, monkeypa
         assert result == [[True, True]]
     finally:
         peer.dispose()
+
+
+def test_a_pooled_claim_takes_the_first_candidates_a_peer_does_not_hold_in_one_statement(pg_store, monkeypatch):
+    """A contended poll's candidates (``Store.claim_pool``): the first ``limit`` whose row is free to lock and
+    whose occurrence and lease still hold are claimed, with the rows the transaction writes; a held lease, a
+    moved occurrence or a row a peer has locked makes way for the next candidate."""
+    pooled, other = _claim_batch(pg_store, "a"), _claim_batch(pg_store, "b")
+    with monkeypatch.context() as m:
+        m.setattr(leases_mod, "_plain_claims", lambda requests: False)
+        assert [c is not None for c in pg_store.claim_many(other, now=NOW, instance="sup", not_before=NOW)] == [
+            True, False, False, True]
+    # a1 (lease live) and a2 (moved on) make way: a3 is claimed as the second
+    counted = Statements(pg_store)
+    won = pg_store.claim_pool(pooled, 2, instance="sup", not_before=NOW)
+    assert len(counted.sent) == 1 and counted.begun == 0
+    assert [c is not None for c in won] == [True, False, False, True]
+    assert _claimed_rows(pg_store, "a") == _claimed_rows(pg_store, "b")
+    assert won[0].started_at >= NOW and pg_store.get_run(won[0].run_id)["lock_token"] == won[0].lock_token
+    # taken once only: the same candidates again find nothing to claim
+    assert pg_store.claim_pool(pooled, 4, instance="sup", not_before=NOW) == [None] * 4
+
+    fresh = _jobs(pg_store, "c", 3)
+    requests = [ClaimRequest(job, NOW + dt.timedelta(minutes=1), 300.0, NOW + dt.timedelta(minutes=5),
+                             scheduled_at=NOW) for job in fresh]
+    peer = sa.create_engine(pg_store.engine.url)
+    try:
+        with peer.connect() as conn:  # a peer's claim holds c0: not waited for, c1 taken instead; c2 not needed
+            conn.execute(sa.text("SELECT id FROM jobs WHERE id = :i FOR UPDATE"), {"i": fresh[0]["id"]})
+            assert [c is not None for c in pg_store.claim_pool(requests, 1, instance="sup")] == [False, True, False]
+            conn.rollback()
+    finally:
+        peer.dispose()
+    assert [c is not None for c in pg_store.claim_pool(requests, 5, instance="sup")] == [True, False, True]
+    assert [len(pg_store.list_runs(job_name=f"c{i}")) for i in range(3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="plain"):  # a retry, a status change...: not a candidate
+        pg_store.claim_pool([ClaimRequest(fresh[0], None, 1.0, NOW, scheduled_at=NOW, status="Expired")], 1,
+                            instance="sup")

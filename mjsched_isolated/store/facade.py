@@ -205,6 +205,13 @@ class Store:
         self.jobs.forget_due({r.job["id"] for r in requests})  # see claim
         return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
 
+    def claim_pool(self, requests: Sequence[ClaimRequest], limit: int, *, instance: str,
+                   not_before: dt.datetime | None = None) -> list[Claim | None]:
+        """PostgreSQL: claim at most ``limit`` of the plain candidates ``requests``, the first ones no peer
+        holds (:meth:`Leases.claim_pool`)."""
+        self.jobs.forget_due({r.job["id"] for r in requests})  # see claim
+        return self.leases.claim_pool(requests, limit, instance=instance, not_before=not_before)
+
     def extend(self, job_id: int, token: str | None, lease_s: float, run_id: int, deadline_at: dt.datetime) -> bool:
         """Heartbeat a run and its lease (:meth:`Leases.extend`)."""
         return self.leases.extend(job_id, token, lease_s, run_id, deadline_at)

@@ -321,6 +321,34 @@ class _Statements:
                 sa.bindparam("p_not_before", type_=schema.UTCDateTime),
             ).columns(sa.column("i", sa.Integer), sa.column("locked", sa.Boolean), sa.column("id", sa.Integer),
                       sa.column("started_at", schema.UTCDateTime)) for skip in ("", " SKIP LOCKED"))
+            # a contended poll's plain candidates (more than its free slots, in its order of preference): the
+            # first p_limit of them whose row is not locked by a peer (SKIP LOCKED) and whose occurrence and
+            # lease still hold on the locked row (the conditions rechecked on the row as a peer left it) are
+            # claimed, in the same statement: a row a peer just took makes way for the next candidate instead
+            # of a lost claim and an idle worker. The rows are locked with the conditions in WHERE, so LIMIT
+            # counts only rows that passed them (PostgreSQL applies it above the row locking)
+            self.claim_pool_pg = sa.text(
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
+                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
+                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
+                f"lk AS (SELECT jobs.id FROM jobs JOIN v ON jobs.id = v.job_id WHERE jobs.next_run_at = v.seen AND "
+                f"{free} ORDER BY v.i LIMIT :p_limit FOR UPDATE OF jobs SKIP LOCKED), "
+                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
+                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
+                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
+                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN (SELECT lk.id FROM lk) "
+                "RETURNING jobs.id), "
+                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
+                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
+                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
+                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
+                "RETURNING runs.id, runs.job_id, runs.started_at) "
+                "SELECT v.i, ins.id, ins.started_at FROM v JOIN ins ON ins.job_id = v.job_id",
+            ).bindparams(
+                sa.bindparam("p_payload", type_=sa.Text), sa.bindparam("p_instance", type_=sa.String),
+                sa.bindparam("p_not_before", type_=schema.UTCDateTime), sa.bindparam("p_limit", type_=sa.Integer),
+            ).columns(sa.column("i", sa.Integer), sa.column("id", sa.Integer),
+                      sa.column("started_at", schema.UTCDateTime))
 
     def claim(self, seen_is_none: bool, take_lease: bool, only_free_lease: bool, with_status: bool,
               retry: bool = False) -> sa.Update:
@@ -367,12 +395,28 @@ def _plain(outcomes: Sequence[Outcome]) -> bool:
             and len({o.run_id for o in outcomes}) == len({o.job_id for o in outcomes}) == len(outcomes))
 
 
+def _claim_payload(requests: Sequence[ClaimRequest], tokens: Sequence[str]) -> str:
+    """The JSON rows of the one-statement claims (``claim_plain_pg``, ``claim_pool_pg``), ``i`` the index."""
+    return msgspec.json.encode([{
+        "i": i, "job_id": r.job["id"], "seen": _naive(r.job["next_run_at"]), "next_run_at": _naive(r.next_run_at),
+        "token": t, "lease_s": r.lease_s, "deadline_at": _naive(r.deadline_at),
+        "scheduled_at": _naive(r.scheduled_at), "queued_at": _naive(r.queued_at), "missed": r.missed,
+        "skipped": r.skipped, "attempt": r.attempt} for i, (r, t) in enumerate(zip(requests, tokens, strict=True))
+    ]).decode()
+
+
 def _plain_claims(requests: Sequence[ClaimRequest]) -> bool:
     """Each request takes the lease if free (not only if unheld) of an occurrence seen, changes no status and
     ends no retry; each job once."""
     return (all(r.take_lease and not r.only_free_lease and r.status is None and not r.retry
                 and r.job["next_run_at"] is not None for r in requests)
             and len({r.job["id"] for r in requests}) == len(requests))
+
+
+def poolable(requests: Sequence[ClaimRequest]) -> bool:
+    """:func:`_plain_claims` for a first attempt of a scheduled occurrence (what :meth:`Leases.claim_pool`
+    takes): the lease taken if free, no status change, no retry, each job once."""
+    return _plain_claims(requests) and all(r.scheduled_at is not None and r.attempt == 1 for r in requests)
 
 
 class _RecheckError(Exception):
@@ -462,6 +506,7 @@ class Leases:
             self._finish_plain_pg = Prepared(st.finish_plain_pg, d)
             self._claim_plain_pg = Prepared(st.claim_plain_pg, d)
             self._claim_plain_skip_pg = Prepared(st.claim_plain_skip_pg, d)
+            self._claim_pool_pg = Prepared(st.claim_pool_pg, d)
 
     def claim(self, job: Mapping[str, Any], *, now: dt.datetime, next_run_at: dt.datetime | None, instance: str,
               lease_s: float, deadline_at: dt.datetime, take_lease: bool = True,
@@ -536,18 +581,42 @@ class Leases:
         return [self.claim_many([r], now=now, instance=instance, not_before=not_before, busy=None)[0]
                 for r in requests]
 
+    def claim_pool(self, requests: Sequence[ClaimRequest], limit: int, *, instance: str,
+                   not_before: dt.datetime | None = None) -> list[Claim | None]:
+        """PostgreSQL: claim at most ``limit`` of ``requests`` - interchangeable candidates in order of
+        preference, each plain (:func:`poolable`) - in ONE statement in autocommit (``claim_pool_pg``): the
+        first ``limit`` whose job row no other transaction holds (``SKIP LOCKED``) and whose occurrence and
+        lease still hold on the locked row, each judged and written as :meth:`claim_many` judges and writes a
+        plain claim. For a fleet polling the same due rows: a row a peer took makes way for the next
+        candidate. One entry per request, in order: a :class:`Claim`, or None (not taken: held, moved, lost
+        or simply not needed; never a verdict on the occurrence). Raises ``ValueError`` on another dialect or
+        a request that is not plain."""
+        if self.dialect != "postgresql" or not poolable(requests):
+            raise ValueError("claim_pool: plain requests on PostgreSQL only")
+        if not requests or limit <= 0:
+            return [None] * len(requests)
+        tokens = [uuid.uuid4().hex for _ in requests]
+        payload = _claim_payload(requests, tokens)
+        claims: list[Claim | None] = [None] * len(requests)
+        try:
+            with self.reader.connect() as conn:
+                rows = self._claim_pool_pg.rows(conn, {"p_payload": payload, "p_instance": instance,
+                                                       "p_not_before": not_before, "p_limit": limit})
+        except sa.exc.IntegrityError:  # an occurrence already has a run (the unique index): nothing written
+            log.warning("a pooled claim of %d candidates was refused by the unique index on runs; none taken",
+                        len(requests))
+            return claims
+        for i, run_id, started_at in rows:
+            claims[i] = Claim(run_id=int(run_id), lock_token=tokens[i], started_at=started_at)
+        return claims
+
     def _claim_plain(self, requests: Sequence[ClaimRequest], instance: str, not_before: dt.datetime | None,
                      busy: set[int] | None) -> list[Claim | None]:
         """PostgreSQL, a plain batch (:func:`_plain_claims`): :meth:`claim_many` as ONE statement in autocommit
         (``claim_plain_pg``: one round trip instead of BEGIN, the locking read, the compare-and-sets, the
         INSERT and COMMIT), each request judged as :meth:`_claim_locked` judges it."""
         tokens = [uuid.uuid4().hex for _ in requests]
-        payload = msgspec.json.encode([{
-            "i": i, "job_id": r.job["id"], "seen": _naive(r.job["next_run_at"]), "next_run_at": _naive(r.next_run_at),
-            "token": t, "lease_s": r.lease_s, "deadline_at": _naive(r.deadline_at),
-            "scheduled_at": _naive(r.scheduled_at), "queued_at": _naive(r.queued_at), "missed": r.missed,
-            "skipped": r.skipped, "attempt": r.attempt} for i, (r, t) in enumerate(zip(requests, tokens, strict=True))
-        ]).decode()
+        payload = _claim_payload(requests, tokens)
         stmt = self._claim_plain_pg if busy is None else self._claim_plain_skip_pg
         with self.reader.connect() as conn:
             rows = stmt.rows(conn, {"p_payload": payload, "p_instance": instance, "p_not_before": not_before})

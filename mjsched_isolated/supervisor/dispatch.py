@@ -24,7 +24,7 @@ from mjsched_isolated.errors import CronError
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
-from mjsched_isolated.store.leases import ClaimRequest
+from mjsched_isolated.store.leases import ClaimRequest, poolable
 from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
@@ -167,10 +167,18 @@ class Dispatcher:
         limit = len(idle)
         contended = self.contended_until is not None and now < self.contended_until
         read = limit * CONTENDED_READ if contended else limit
-        due = self.store.due_jobs(now, limit=read, exclude=self._excluded(), skip_locked=contended)
+        # contended on PostgreSQL, workers alike: the claim passes over the rows peers hold, not the read
+        pooled = (contended and self.store.dialect == "postgresql"
+                  and all(types[id(w)] == types[id(idle[0])] for w in idle))
+        due = self.store.due_jobs(now, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
         if contended:  # peers read the same first rows: each takes them in an order of its own, instant by instant
             due.sort(key=lambda j: (j["next_run_at"], self._shuffle.random()))
-        for job in due:
+        if pooled:
+            self._dispatch_pooled(due, idle, types[id(idle[0])], known, now)
+            due_loop: list[JobRow] = []
+        else:
+            due_loop = due
+        for job in due_loop:
             if not idle:
                 break
             worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
@@ -435,6 +443,40 @@ class Dispatcher:
             job["next_run_at"] = seen = overlap.scheduled_at
         return self._runnable(job, known, seen), overlap.next_run_at, job
 
+    def _dispatch_pooled(self, due: list[JobRow], idle: list[Any], types: set[str], known: set[str],
+                         now: dt.datetime) -> None:
+        """A contended poll on PostgreSQL whose idle workers all have the same job types (``types``): the due
+        rows are taken in order as :meth:`dispatch_due` takes them, but a plain one (Skip or Queue, no lease
+        held as read, no retry pending, a first attempt with the lease taken if free: ``leases.poolable``) is a
+        candidate, not a claim bound to a worker, and the due rows past the free slots are candidates too.
+        Any other run is claimed first as usual; then ONE statement (``Store.claim_pool``) claims, for the
+        workers still idle, the first candidates no peer holds - a row a peer just took makes way for the
+        next candidate instead of leaving a worker idle. A candidate not taken stays due (never skipped).
+        Used up workers are removed from ``idle``."""
+        exact: list[tuple[JobRow, dt.datetime | None, Any]] = []
+        candidates: list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]] = []
+        for job in due:
+            slots = len(idle)  # the workers not given to an exact claim yet
+            if not slots:
+                break
+            plain = (job["concurrency_mode"] in ("Skip", "Queue") and job["lock_token"] is None
+                     and not planner.pending_retry(job))
+            if not plain and len(candidates) >= slots:
+                continue  # past the free slots: only plain rows are candidates
+            if job["job_type"] not in types and job["job_type"] in known:  # only a busy worker has it: wait
+                self.waiting_for_worker.add(job["id"])
+                continue
+            decided, next_run_at, job = self._decide(job, known, now)
+            if not decided:
+                continue
+            if plain and job["job_type"] in types and next_run_at is not None:  # not the job's last occurrence
+                candidates.append((job, next_run_at, None, job["next_run_at"]))
+            else:
+                exact.append((job, next_run_at, idle.pop()))
+        self._claim_batch(exact, now)
+        if candidates and idle:
+            self._claim_many(candidates, now, pool=idle)
+
     def _runnable(self, job: JobRow, known: set[str], seen: dt.datetime | None) -> bool:
         """True if this supervisor has the job's plugin (``known``: the job types of its ready workers). A type
         no ready worker has but a starting one will (:meth:`coming`) is not judged: the job waits, due, for
@@ -536,10 +578,14 @@ class Dispatcher:
         return self._claim_many([(job, next_run_at, worker, scheduled_at)], now)[0]
 
     def _claim_many(self, items: list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]],
-                    now: dt.datetime, busy: set[int] | None = None) -> list[InFlight | None]:
+                    now: dt.datetime, busy: set[int] | None = None, pool: list[Any] | None = None
+                    ) -> list[InFlight | None]:
         """Claim (job, next_run_at, worker, scheduled_at) items in one transaction, then hand each won run
         to its worker. One :class:`InFlight` (or None: lost) per item, in order. ``busy``: see
-        ``Store.claim_many`` (job rows locked by another supervisor are skipped, their indexes added)."""
+        ``Store.claim_many`` (job rows locked by another supervisor are skipped, their indexes added).
+        ``pool`` (:meth:`_dispatch_pooled`; the items' workers None): idle workers, as many claims as there are
+        of them among the items (``Store.claim_pool``), each won run handed to one taken from the list; the
+        others are not taken (not lost)."""
         if not items:
             return []
         holding = self.clock.holding_takeovers(now)
@@ -562,10 +608,22 @@ class Dispatcher:
                 status="Expired" if next_run_at is None and scheduled_at is not None else None,
                 missed=0 if queued_at else passed, skipped=passed if queued_at else 0,
                 attempt=(job["retry_attempt"] or 1) if retry else 1, retry=retry))
-        claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now, busy=busy)
+        if pool is None:
+            claims = self.store.claim_many(requests, now=now, instance=self.settings.instance, not_before=now,
+                                           busy=busy)
+        elif poolable(requests):
+            claims = self.store.claim_pool(requests, len(pool), instance=self.settings.instance, not_before=now)
+            if [c is not None for c in claims] != [i < len(pool) for i in range(len(claims))]:
+                self.contended_until = now + CONTENDED_FOR  # a peer took some first candidates: still contended
+        else:  # not plain after all (a takeover hold): the first ones, claimed as usual
+            taken = min(len(pool), len(requests))
+            claims = self.store.claim_many(requests[:taken], now=now, instance=self.settings.instance,
+                                           not_before=now, busy=busy) + [None] * (len(requests) - taken)
         flights: list[InFlight | None] = []
         for (job, next_run_at, worker, scheduled_at), request, timeout_s, claim in zip(items, requests, timeouts,
                                                                                        claims, strict=True):
+            if claim is not None and pool is not None:
+                worker = pool.pop()
             flights.append(None if claim is None else
                            self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
                                            request.missed, request.attempt))
