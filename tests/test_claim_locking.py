@@ -118,13 +118,12 @@ def test_a_claim_without_busy_waits_for_the_row_as_before(server_url):
         store.close()
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["batch", "pool"])
+@pytest.mark.parametrize(("server_url", "pooled"), [("postgresql", False), ("mysql", False), ("postgresql", True)],
+                         ids=["postgresql-batch", "mysql-batch", "postgresql-pool"], indirect=["server_url"])
 def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url, pooled):
     """Two supervisors' stores poll and claim the same 12 due jobs in batches, concurrently, 5 occurrences
     each (claim, then finish to free the lease): every occurrence runs exactly once. ``pool``: PostgreSQL's
     contended claim, 4 taken from all 12 candidates (``Store.claim_pool``)."""
-    if pooled and not server_url.startswith("postgresql"):
-        pytest.skip("claim_pool is PostgreSQL's")
     store = Store.open(server_url)
     jobs_n, occurrences = 12, 5
     try:
