@@ -29,6 +29,7 @@ from mjsched_isolated.errors import InputError, msgspec_field_error
 MAX_SECONDS = 10 * 365 * 86400.0
 MAX_KILL_GRACE_S = 300.0
 MAX_CATCHUP_RUNS = 1000  # a RunAll decision reads up to 2x this many occurrences (~0.1 ms each) in the loop
+MAX_INSTANCE_CHARS = 200  # the column holds 255; leases and runs copy it into columns of 255
 DEFAULT_DATABASE_URL = "sqlite:///mjsched.db"
 ENV_PREFIX = "MJSCHED_"
 
@@ -337,6 +338,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         if not self.database_url.strip():
             raise InputError("database_url", "must not be empty")
+        if not 1 <= len(self.instance) <= MAX_INSTANCE_CHARS or not self.instance.isprintable():
+            shown = repr(self.instance[:40]) + (f"... ({len(self.instance)} characters)"
+                                                if len(self.instance) > 40 else "")
+            raise InputError("instance", f"must be one line of 1 to {MAX_INSTANCE_CHARS} printable characters, "
+                                         f"got {shown}")
         for name in ("lease_timeout_s", "shutdown_timeout_s", "rescan_interval_s", "heartbeat_interval_s",
                      "heartbeat_lease_s", "worker_ready_timeout_s", "plugin_import_timeout_s", "lease_ttl_s",
                      "lease_renew_interval_s", "clock_skew_s"):

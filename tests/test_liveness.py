@@ -29,8 +29,8 @@ class SlowStore(Store):
 
     delay_s = 0.0
 
-    def renew_supervisor(self, instance: str, ttl_s: float):
-        db_now = super().renew_supervisor(instance, ttl_s)
+    def renew_supervisor(self, instance: str, ttl_s: float, **owner):
+        db_now = super().renew_supervisor(instance, ttl_s, **owner)
         time.sleep(self.delay_s)  # latency of the answer, not synchronisation
         return db_now
 

@@ -266,13 +266,19 @@ class Store:
     # -- supervisors (:mod:`.supervisors`) ---------------------------------------------------------
     def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,
                             max_concurrent_jobs: int | None = None, version: str | None = None) -> dt.datetime:
-        """Insert or reset ``instance``'s liveness row (:meth:`Supervisors.register_supervisor`)."""
+        """Insert or reset ``instance``'s liveness row (:meth:`Supervisors.register_supervisor`); raises
+        :class:`~mjsched_isolated.store.supervisors.InstanceInUseError` if another live supervisor holds it."""
         return self.supervisors.register_supervisor(instance, hostname, pid, ttl_s,
                                                     max_concurrent_jobs=max_concurrent_jobs, version=version)
 
-    def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
+    def instance_holder(self, instance: str, hostname: str, pid: int) -> SupervisorRow | None:
+        """Another live supervisor's row named ``instance``, or None (:meth:`Supervisors.live_holder`)."""
+        return self.supervisors.live_holder(instance, hostname, pid)
+
+    def renew_supervisor(self, instance: str, ttl_s: float, *, hostname: str | None = None,
+                         pid: int | None = None) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease (:meth:`Supervisors.renew_supervisor`)."""
-        return self.supervisors.renew_supervisor(instance, ttl_s)
+        return self.supervisors.renew_supervisor(instance, ttl_s, hostname=hostname, pid=pid)
 
     def read_only_reason(self) -> str | None:
         """Why the database refuses writes, or None (:meth:`Supervisors.read_only_reason`)."""

@@ -10,12 +10,26 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from mjsched_isolated.errors import InputError
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.records import SupervisorRow
 from mjsched_isolated.store.schema import supervisors
 
 SUPERVISOR_ROW_RETENTION_S = 7 * 86400.0
 """Rows of supervisors dead this many seconds are deleted when a supervisor registers."""
+
+
+class InstanceInUseError(InputError):
+    """``serve --instance NAME`` while a live supervisor (another host or pid) holds ``NAME``: field
+    ``instance``; ``holder`` is that supervisor's row."""
+
+    def __init__(self, holder: SupervisorRow) -> None:
+        self.holder = holder
+        expires = holder["lease_expires_at"]
+        shown = expires.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(expires, dt.datetime) else str(expires)
+        super().__init__("instance", f"a live supervisor holds the name {holder['instance']!r} "
+                                     f"(host {holder['hostname']}, pid {holder['pid']}, lease until {shown}); "
+                                     "names must be unique among live supervisors")
 
 
 class Supervisors:
@@ -29,27 +43,70 @@ class Supervisors:
         return conn.execute(sa.select(supervisors.c.heartbeat_at).where(
             supervisors.c.instance == instance)).scalar_one()
 
+    def live_holder(self, instance: str, hostname: str, pid: int,
+                    conn: sa.Connection | None = None) -> SupervisorRow | None:
+        """The row of another live supervisor named ``instance`` (lease not expired by the database
+        clock, and not ``hostname``/``pid``: a container's PID 1 restarting is its own previous life), or
+        None if the name is free to take."""
+        query = sa.select(supervisors).where(supervisors.c.instance == instance,
+                                             supervisors.c.lease_expires_at > schema.db_now(self.dialect),
+                                             sa.not_(self._same_process(hostname, pid)))
+        if conn is not None:
+            return cast("SupervisorRow | None", conn.execute(query).mappings().first())
+        with self.engine.connect() as own:
+            return cast("SupervisorRow | None", own.execute(query).mappings().first())
+
+    @staticmethod
+    def _same_process(hostname: str, pid: int) -> sa.ColumnElement[bool]:
+        return sa.and_(supervisors.c.hostname == hostname, supervisors.c.pid == pid)
+
     def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,
                             max_concurrent_jobs: int | None = None, version: str | None = None) -> dt.datetime:
         """Insert (or reset) ``instance``'s row with a lease of ``ttl_s`` seconds, deleting rows of
         supervisors dead for :data:`SUPERVISOR_ROW_RETENTION_S`; ``max_concurrent_jobs`` (its worker cap)
-        and ``version`` are labels for ``status`` and the dashboard. Returns the DB time."""
+        and ``version`` are labels for ``status`` and the dashboard. Returns the DB time.
+
+        Raises :class:`InstanceInUseError` (nothing written) if another live supervisor holds ``instance``
+        (:meth:`live_holder`). The row is replaced only if its lease has expired or it is this
+        ``hostname``/``pid``'s own; the insert then relies on the primary key, so of two supervisors
+        registering one name at once exactly one wins and the other sees the winner's live row."""
         now_expr, until = schema.db_now(self.dialect), schema.db_now_plus(self.dialect, ttl_s)
         stale = schema.db_now_plus(self.dialect, -SUPERVISOR_ROW_RETENTION_S)
+        takeable = sa.or_(supervisors.c.lease_expires_at <= now_expr, self._same_process(hostname, pid))
+        try:
+            return self._register(instance, hostname, pid, now_expr, until, stale, takeable,
+                                  max_concurrent_jobs, version)
+        except sa.exc.IntegrityError:  # a live row was there, or another registration committed first
+            holder = self.live_holder(instance, hostname, pid)
+            if holder is None:  # that row ended meanwhile: try once more
+                return self._register(instance, hostname, pid, now_expr, until, stale, takeable,
+                                      max_concurrent_jobs, version)
+            raise InstanceInUseError(holder) from None
+
+    def _register(self, instance: str, hostname: str, pid: int, now_expr: sa.ColumnElement,
+                  until: sa.ColumnElement, stale: sa.ColumnElement, takeable: sa.ColumnElement[bool],
+                  max_concurrent_jobs: int | None, version: str | None) -> dt.datetime:
         with self.engine.begin() as conn:
-            conn.execute(supervisors.delete().where(sa.or_(supervisors.c.instance == instance,
+            conn.execute(supervisors.delete().where(sa.or_(sa.and_(supervisors.c.instance == instance, takeable),
                                                            supervisors.c.lease_expires_at < stale)))
+            holder = self.live_holder(instance, hostname, pid, conn)
+            if holder is not None:
+                raise InstanceInUseError(holder)
             conn.execute(supervisors.insert().values(instance=instance, hostname=hostname, pid=pid, started_at=now_expr,
                                                      heartbeat_at=now_expr, lease_expires_at=until,
                                                      max_concurrent_jobs=max_concurrent_jobs,
                                                      version=None if version is None else version[:40]))
             return self._heartbeat_at(conn, instance)
 
-    def renew_supervisor(self, instance: str, ttl_s: float) -> dt.datetime | None:
+    def renew_supervisor(self, instance: str, ttl_s: float, *, hostname: str | None = None,
+                         pid: int | None = None) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease to DB-now + ``ttl_s`` seconds: one statement keeps every
         lease and run of that supervisor alive. Returns the DB time, or None if the row is gone or was
-        stopped."""
+        stopped, or (``hostname`` and ``pid`` given) is now another process's: one that took the name
+        after this one's lease expired."""
         live = (supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None))
+        if hostname is not None and pid is not None:
+            live = (*live, self._same_process(hostname, pid))
         stmt = supervisors.update().where(*live).values(
             heartbeat_at=schema.db_now(self.dialect), lease_expires_at=schema.db_now_plus(self.dialect, ttl_s))
         with self.engine.begin() as conn:

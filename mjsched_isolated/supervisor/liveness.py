@@ -30,6 +30,7 @@ from collections.abc import Callable
 from mjsched_isolated._version import __version__
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.supervisors import InstanceInUseError
 from mjsched_isolated.supervisor.trouble import Trouble, is_read_only_error
 
 log = logging.getLogger("mjsched.liveness")
@@ -84,9 +85,10 @@ class Liveness:
         started, local_before = time.monotonic(), self.local_clock()
         try:
             if self.registered:
-                db_now = self.store.renew_supervisor(self.instance, self.ttl_s)
+                db_now = self.store.renew_supervisor(self.instance, self.ttl_s, hostname=socket.gethostname(),
+                                                     pid=os.getpid())
                 if db_now is None:
-                    log.error("supervisor %s: its row was removed or stopped by someone else; registering again "
+                    log.error("supervisor %s: its row was removed, stopped or taken by someone else; registering again "
                               "(its runs may have been abandoned meanwhile)", self.instance)
             else:
                 db_now = None
@@ -95,17 +97,17 @@ class Liveness:
                                                         max_concurrent_jobs=self.max_concurrent_jobs,
                                                         version=__version__)
                 self.registered = True
+        except InstanceInUseError:
+            if not self.registered:  # a duplicate name at start: refuse to serve (exit 2)
+                raise
+            reason = "its name was taken by another live supervisor"  # this one froze past its TTL: fence
+            self._failed(reason, mono)
+            return False
         except Exception as exc:  # noqa: BLE001 - the database may be down: keep trying, fence if too long
             reason = _short(exc)
             if is_read_only_error(exc):
                 reason = f"the database refuses writes (read-only): {reason}"
-            if self.on_renewal is not None:
-                self.on_renewal(reason)
-            if self.failing_since is None:
-                self.failing_since = mono
-            self.trouble.failed(reason, mono, f"; retrying every {RETRY_S:.0f} s, fencing in "
-                                              f"{max(0.0, self.valid_until - mono):.1f} s")
-            self.next_renew = mono + RETRY_S
+            self._failed(reason, mono)
             return False
         if self.on_renewal is not None:
             self.on_renewal(None)
@@ -125,6 +127,15 @@ class Liveness:
                         mono - self.failing_since, self.trouble.reset())
             self.failing_since = None
         return True
+
+    def _failed(self, reason: str, mono: float) -> None:
+        if self.on_renewal is not None:
+            self.on_renewal(reason)
+        if self.failing_since is None:
+            self.failing_since = mono
+        self.trouble.failed(reason, mono, f"; retrying every {RETRY_S:.0f} s, fencing in "
+                                          f"{max(0.0, self.valid_until - mono):.1f} s")
+        self.next_renew = mono + RETRY_S
 
     def _measure_offset(self, db_now: dt.datetime, local_before: dt.datetime, elapsed_s: float) -> None:
         """The database read ``db_now`` somewhere within the round trip, so the true offset lies in
@@ -162,6 +173,8 @@ class Renewer:
         self.liveness = liveness
         self.on_renewed = on_renewed
         self.renewals = 0
+        # set (and the thread ends) if the first registration found the name held by a live supervisor
+        self.refused: InstanceInUseError | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mjsched-liveness", daemon=True)
@@ -187,6 +200,10 @@ class Renewer:
             if self.liveness.due(mono):
                 try:
                     renewed = self.liveness.maintain(mono)
+                except InstanceInUseError as exc:  # the loop raises it: serve exits 2
+                    self.refused = exc
+                    self.on_renewed()
+                    return
                 except Exception:  # never let the renewal thread die: log and keep going
                     log.exception("supervisor %s: renewal thread error", self.liveness.instance)
                     renewed = False

@@ -154,6 +154,8 @@ class Supervisor:
         whose lease is lost and cancel those asked to be; fence every run once the lease can no longer be
         trusted locally."""
         if self.renewer is not None:
+            if self.renewer.refused is not None:  # another live supervisor registered this name first
+                raise self.renewer.refused
             renewed = self.renewer.renewals != self._renewals_seen
             self._renewals_seen = self.renewer.renewals
         else:

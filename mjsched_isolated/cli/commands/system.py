@@ -19,6 +19,7 @@ from mjsched_isolated.status import (
     NEXT_DUE_COLUMNS,
     SUPERVISOR_COLUMNS,
 )
+from mjsched_isolated.store.supervisors import InstanceInUseError
 
 MAX_RUN_FOR_S = 10 * 365 * 86400
 
@@ -58,6 +59,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics.stop_server()
         raise
     try:
+        holder = store.instance_holder(settings.instance, socket.gethostname(), os.getpid())
+        if holder is not None:  # before the jobs file is synced: nothing written (a race is caught at registration)
+            raise InstanceInUseError(holder)
         if jobs_file:
             created, updated = ops.sync_jobs(store, settings, jobs_file, utcnow())
             log.info("jobs file %s synced: %d created, %d updated", jobs_file, created, updated)
