@@ -104,9 +104,9 @@ class Supervisors:
         lease and run of that supervisor alive. Returns the DB time, or None if the row is gone or was
         stopped, or (``hostname`` and ``pid`` given) is now another process's: one that took the name
         after this one's lease expired."""
-        live = (supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None))
+        live: list[sa.ColumnElement[bool]] = [supervisors.c.instance == instance, supervisors.c.stopped_at.is_(None)]
         if hostname is not None and pid is not None:
-            live = (*live, self._same_process(hostname, pid))
+            live.append(self._same_process(hostname, pid))
         stmt = supervisors.update().where(*live).values(
             heartbeat_at=schema.db_now(self.dialect), lease_expires_at=schema.db_now_plus(self.dialect, ttl_s))
         with self.engine.begin() as conn:
