@@ -260,6 +260,9 @@ def test_an_edit_with_a_deep_or_repeating_configuration_is_one_line_error(make_c
     bad = client.post("/api/jobs/alpha/update", json={"configuration": {"seconds": json.loads("[" * 200 + "]" * 200)}},
                       headers=token)
     assert bad.status_code == 400 and bad.json() == {"error": "configuration: nested deeper than 100 levels"}
+    body = '{"configuration": {"seconds": ' + "[" * 5000 + "]" * 5000 + "}}"  # json.loads recurses out
+    bad = client.post("/api/jobs/alpha/update", content=body, headers={**token, "content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json() == {"error": "body: must be a JSON object"}
     for text, error in (('{"seconds": ' + "[" * 1100 + "]" * 1100 + "}", "nested+deeper+than+100+levels"),
                         ('{"seconds": 1, "seconds": 2}', "duplicate+key+%27seconds%27")):
         form = client.post("/api/jobs/alpha/update", data={"csrf_token": token["X-CSRF-Token"], "configuration": text,
