@@ -35,6 +35,9 @@ TEXT_LIMITS = {"name": 200, "job_type": 100, "cron_expression": 120, "timezone":
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: newlines, NUL, terminal escapes
 _CONTROL_BUT_LAYOUT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # a description may hold tabs, lines
 JITTER_REFERENCE = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # where a schedule's interval is sampled
+# A configuration nests at most this many levels of objects/arrays (the top object is level 1): far above
+# any real plugin's needs, far below the depth where Python's json recursion fails (~1000).
+MAX_CONFIGURATION_DEPTH = 100
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -97,6 +100,8 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
 
     if not spec.name.strip():
         fail("name", "must not be empty")
+    if spec.name != spec.name.strip():  # ' lead' would be stored as such, then `jobs show lead` misses it
+        fail("name", f"must not begin or end with whitespace, got {spec.name[:40]!r}")
     if not spec.job_type.strip():
         fail("job_type", "must not be empty")
     for field, limit in TEXT_LIMITS.items():
@@ -108,6 +113,9 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         if any(unicodedata.category(c) == "Cf" for c in text):  # bidi overrides, zero-width characters
             fail(field, f"must not contain invisible formatting characters (bidi overrides, zero-width "
                         f"spaces), got {text[:40]!r}")
+    if spec.configuration is not None and nesting_depth(spec.configuration, MAX_CONFIGURATION_DEPTH) > \
+            MAX_CONFIGURATION_DEPTH:
+        fail("configuration", f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
     if spec.description is not None and _CONTROL_BUT_LAYOUT.search(spec.description):
         fail("description", "must not contain control characters other than tab and newline")
     for field, value in (("description", spec.description),
@@ -178,10 +186,68 @@ def _check_retries(spec: JobSpec, fail: Any) -> None:
     for i, status in enumerate(spec.retry_on or []):
         if status not in planner.RETRY_ON_CHOICES:
             fail(f"retry_on[{i}]", f"must be one of {', '.join(planner.RETRY_ON_CHOICES)}, got {status!r}")
+    retry_on = spec.retry_on or []
+    for i, status in enumerate(retry_on):
+        if status in retry_on[:i]:
+            fail(f"retry_on[{i}]", f"{status!r} is listed twice (first as retry_on[{retry_on.index(status)}])")
     if spec.retry_on is not None and not spec.retry_on:
         fail("retry_on", "must list at least one status (to retry nothing, set max_retries 0)")
     if spec.pause_after_failures is not None and not 1 <= spec.pause_after_failures <= 1_000_000:
         fail("pause_after_failures", f"must be between 1 and 1000000, got {spec.pause_after_failures}")
+
+
+def nesting_depth(value: Any, limit: int = MAX_CONFIGURATION_DEPTH) -> int:
+    """How many levels of dicts/lists/tuples ``value`` nests (a scalar 0, ``{}`` 1, ``{"a": []}`` 2),
+    counted without recursion and stopping at ``limit + 1`` (so a cyclic structure ends too)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKeyError(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def parse_configuration(text: str, field: str = "configuration") -> dict[str, Any]:
+    """A configuration's JSON text as a dict. Raises :class:`InputError` naming ``field`` when the text is not
+    JSON, not an object, repeats a key in one object (JSON would keep the last silently) or nests deeper than
+    :data:`MAX_CONFIGURATION_DEPTH` levels."""
+    too_deep = InputError(field, f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
+    try:
+        value = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise InputError(field, f"invalid JSON ({exc.msg} at position {exc.pos})") from None
+    except _DuplicateKeyError as exc:
+        raise InputError(field, f"duplicate key {exc.key[:60]!r} in one object") from None
+    except RecursionError:
+        raise too_deep from None
+    if not isinstance(value, dict):
+        raise InputError(field, "must be a JSON object")
+    if nesting_depth(value) > MAX_CONFIGURATION_DEPTH:
+        raise too_deep
+    return value
 
 
 def row_values(spec: JobSpec) -> dict[str, Any]:
@@ -233,6 +299,8 @@ def load_file(path: str | Path) -> list[JobSpec]:
         raise InputError(f"{path}: {field}" if field != "value" else f"{path}", message) from None
     except msgspec.DecodeError as exc:
         raise InputError(f"{path}", f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{path}", "invalid TOML: arrays or tables nested too deeply") from None
     specs = [check(spec, f"{path}: jobs[{i}].") for i, spec in enumerate(parsed.jobs)]
     names = [s.name for s in specs]
     for name in names:

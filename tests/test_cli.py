@@ -36,6 +36,11 @@ def _error_line(result) -> str:
     return error_line(result)
 
 
+DEEP_990 = '{"command": ["true"], "x": ' + "[" * 990 + "]" * 990 + "}"
+DEEP_1100 = '{"command": ["true"], "x": ' + "[" * 1100 + "]" * 1100 + "}"
+DEEP_ENV = '{"command": ["true"], "env": ' + '{"a": ' * 150 + "1" + "}" * 150 + "}"
+
+
 @pytest.mark.parametrize("args, field", [
     (["--type", "ok", "--cron", "61 * * * *"], "cron_expression"),
     (["--type", "ok", "--cron", "* * * *"], "cron_expression"),
@@ -61,12 +66,28 @@ def _error_line(result) -> str:
     (["--type", "ok", "--cron", "0 0 30 2 *"], "cron_expression"),  # February 30th never comes
     (["--type", "ok", "--cron", "* * * * *", "--max-jitter-s", "60"], "max_jitter_s"),  # would swallow runs
     (["--type", "ok", "--cron", "*/5 * * * * *", "--max-jitter-s", "7.5"], "max_jitter_s"),
+    # fresh-clone review: a RecursionError traceback (exit 1), or silently stored
+    (["--type", "shell", "--cron", "@daily", "--configuration", DEEP_990], "--configuration: nested deeper than"),
+    (["--type", "shell", "--cron", "@daily", "--configuration", DEEP_1100], "--configuration: nested deeper than"),
+    (["--type", "shell", "--cron", "@daily", "--configuration", DEEP_ENV], "--configuration: nested deeper than"),
+    (["--type", "shell", "--cron", "@daily", "--configuration", '{"command": ["true"], "command": ["false"]}'],
+     "--configuration: duplicate key 'command'"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed,Failed,Timeout"], "retry_on[1]: 'Failed' is listed"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed, Bogus "],
+     "retry_on[1]: must be one of Failed, Timeout, Cancelled, Fenced, got ' Bogus '"),  # as typed
 ])
 def test_bad_input_is_one_line_naming_the_field_exit_2_and_nothing_written(cli, args, field):
     proc = cli("jobs", "add", "j", *args, expect=2)
     line = _error_line(proc)
     assert line.startswith((f"error: {field}", f"mjsched jobs add: error: {field}")), line
     assert "no database at" in cli("jobs", "list", expect=2).stderr  # nothing written: not even a database
+
+
+def test_a_name_with_leading_or_trailing_whitespace_is_refused(cli):
+    for name in (" lead", "trail "):
+        assert _error_line(cli("jobs", "add", name, "--type", "ok", "--cron", "@daily", expect=2)) == (
+            f"error: name: must not begin or end with whitespace, got {name!r}")
+    assert "no database at" in cli("jobs", "list", expect=2).stderr
 
 
 def test_add_list_show_pause_resume_remove(cli):

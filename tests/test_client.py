@@ -4,6 +4,7 @@ and the documented example (docs/python-api.md) run as written."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 
@@ -80,6 +81,9 @@ def test_add_get_update_pause_resume_remove_with_typed_results(client):
     ({"max_runtime_minutes": "ten"}, "max_runtime_minutes"),
     ({"notify_recipients": ["ops@x.org", "nobody"]}, "notify_recipients[1]"),
     ({"colour": "red"}, "colour"),
+    ({"name": "trail "}, "name"),
+    ({"retry_on": ["Failed", "Failed"]}, "retry_on[1]"),
+    ({"configuration": {"seconds": json.loads("[" * 200 + "]" * 200)}}, "configuration"),
 ])
 def test_bad_input_raises_the_error_the_cli_prints_and_writes_nothing(client, kwargs, field):
     values = {"name": "j", "job_type": "ok", "cron_expression": "@daily", **kwargs}

@@ -252,6 +252,25 @@ def test_edit_is_validated_like_the_cli_and_nothing_is_written_on_error(make_cli
     assert "At 02:30" in page and "Europe/Berlin" in page
 
 
+def test_an_edit_with_a_deep_or_repeating_configuration_is_one_line_error(make_client, store):
+    """Fresh-clone review M1, L4: no RecursionError (a 500), no silent last-key-wins."""
+    add_job(store, "alpha", "nap", "*/5 * * * *")
+    client = make_client()
+    token = {"X-CSRF-Token": csrf_of(client)}
+    bad = client.post("/api/jobs/alpha/update", json={"configuration": {"seconds": json.loads("[" * 200 + "]" * 200)}},
+                      headers=token)
+    assert bad.status_code == 400 and bad.json() == {"error": "configuration: nested deeper than 100 levels"}
+    body = '{"configuration": {"seconds": ' + "[" * 5000 + "]" * 5000 + "}}"  # json.loads recurses out
+    bad = client.post("/api/jobs/alpha/update", content=body, headers={**token, "content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json() == {"error": "body: must be a JSON object"}
+    for text, error in (('{"seconds": ' + "[" * 1100 + "]" * 1100 + "}", "nested+deeper+than+100+levels"),
+                        ('{"seconds": 1, "seconds": 2}', "duplicate+key+%27seconds%27")):
+        form = client.post("/api/jobs/alpha/update", data={"csrf_token": token["X-CSRF-Token"], "configuration": text,
+                                                           "next": "/jobs/alpha"})
+        assert form.status_code == 303 and f"error=configuration%3A+{error}" in form.headers["location"]
+    assert store.get_job("alpha")["configuration"] is None
+
+
 def test_the_edit_form_and_filters_offer_every_concurrency_mode_and_max_queued(make_client, store):
     """Issue 12 point 7: Replace and QueueAll (with its bound) are chosen in the edit form and the jobs
     filter like the other modes; a bad bound is refused naming the field, and nothing is written."""

@@ -56,6 +56,20 @@ def test_ci_runs_the_readmes_install_and_test_commands() -> None:
     assert any("mkdocs build --strict" in line for line in ci)
 
 
+def test_the_readmes_runs_list_samples_have_the_real_columns_and_its_logs_read_the_hello_run() -> None:
+    """Fresh-clone review: the ``runs list`` samples lacked the ``attempt`` column, and ``runs logs 1`` read
+    a sample job's run, not hello's (the sample jobs run first)."""
+    from mjsched_isolated.cli.commands.runs import LIST_COLUMNS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    headers = [line.split() for line in readme.splitlines() if line.startswith("id  job_name")]
+    assert headers and all(header == LIST_COLUMNS for header in headers), headers
+    [ran] = re.findall(r"^run (\d+): Completed", readme, flags=re.MULTILINE)
+    listing = readme.split("$ mjsched runs list --job hello")[1].split("$ ")[0]
+    [hello_run] = re.findall(r"^(\d+) +hello ", listing, flags=re.MULTILINE)
+    assert re.findall(r"^\$ mjsched runs logs (\d+)", readme, flags=re.MULTILINE) == [ran] == [hello_run]
+
+
 # --- the plugin example of docs/plugins/writing.md ----------------------------------------------------
 
 def example_module() -> types.ModuleType:

@@ -27,6 +27,13 @@ def spec(**kw) -> JobSpec:
     return JobSpec(**values)
 
 
+def _deep_list(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 def field_of(exc_info) -> str:
     return exc_info.value.field
 
@@ -56,7 +63,12 @@ def test_check_accepts_a_valid_spec_and_returns_aware_utc():
     ({"start_at": utc(2030, 1, 2), "end_at": utc(2030, 1, 1)}, "end_at"),
     ({"start_at": utc(2030, 1, 1), "end_at": utc(2030, 1, 1)}, "end_at"),
     ({"name": "  "}, "name"),
+    ({"name": " lead"}, "name"),  # stored as such, then `jobs show lead` would not find it
+    ({"name": "trail\t"}, "name"),
     ({"job_type": ""}, "job_type"),
+    ({"retry_on": ["Failed", "Timeout", "Failed"]}, "retry_on[2]"),
+    ({"configuration": {"a": _deep_list(989)}}, "configuration"),  # json.dumps would recurse out
+    ({"configuration": {"a": _deep_list(100)}}, "configuration"),  # 101 levels
     ({"notify_recipients": ["ops@example.org", "not-an-address"]}, "notify_recipients[1]"),
     ({"notify_recipients": ["a b@example.org"]}, "notify_recipients[0]"),
 ])
@@ -439,3 +451,49 @@ def test_invisible_characters_and_oversized_text_are_refused_naming_the_field(va
 def test_the_cron_expression_is_stored_without_stray_whitespace():
     assert check(JobSpec(name="j", job_type="shell", cron_expression="  */5  * * * *  ")).cron_expression == \
         "*/5 * * * *"
+
+
+# -- configuration text and depth (fresh-clone review M1, L4) ---------------------------------------------
+def _nested(levels: int) -> str:
+    """An object holding arrays: ``levels`` levels in all."""
+    return '{"a":' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+
+
+def test_a_configuration_may_nest_up_to_the_bound_and_no_deeper():
+    limit = jobspec.MAX_CONFIGURATION_DEPTH
+    assert jobspec.nesting_depth(jobspec.parse_configuration(_nested(limit))) == limit
+    jobspec.check(spec(configuration=jobspec.parse_configuration(_nested(limit))))
+    for levels in (limit + 1, 990, 1100, 50_000):  # 990: json.dumps recursed out; 1100: json.loads did
+        with pytest.raises(InputError) as info:
+            jobspec.parse_configuration(_nested(levels), "--configuration")
+        assert str(info.value) == f"--configuration: nested deeper than {limit} levels"
+
+
+def test_nesting_depth_counts_without_recursion_and_stops_on_a_cycle():
+    assert [jobspec.nesting_depth(v) for v in (1, {}, {"a": []}, [{"b": {"c": 1}}])] == [0, 1, 2, 3]
+    cycle: list = []
+    cycle.append(cycle)
+    assert jobspec.nesting_depth(cycle, 10) == 11
+
+
+@pytest.mark.parametrize(("text", "key"), [('{"command": ["true"], "command": ["false"]}', "command"),
+                                           ('{"env": {"A": "1", "A": "2"}}', "A")])
+def test_a_configuration_repeating_a_key_is_refused_naming_the_key(text, key):
+    with pytest.raises(InputError) as info:
+        jobspec.parse_configuration(text)
+    assert str(info.value) == f"configuration: duplicate key {key!r} in one object"
+
+
+@pytest.mark.parametrize(("text", "message"), [("[1]", "must be a JSON object"), ("{x", "invalid JSON")])
+def test_a_configuration_that_is_not_a_json_object_is_refused(text, message):
+    with pytest.raises(InputError, match=message):
+        jobspec.parse_configuration(text)
+
+
+def test_a_jobs_file_nested_too_deeply_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[jobs]]\nname = "j"\njob_type = "ok"\ncron_expression = "@daily"\n'
+                    f'configuration = {{ a = {"[" * 2000 + "]" * 2000} }}\n')
+    with pytest.raises(InputError) as info:
+        jobspec.load_file(path)
+    assert info.value.field == str(path)

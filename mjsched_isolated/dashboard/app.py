@@ -43,7 +43,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from mjsched_isolated import ops
+from mjsched_isolated import jobspec, ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.dashboard import charts, data
 from mjsched_isolated.dashboard.auth import COOKIE, Auth, Role, Session
@@ -237,7 +237,7 @@ def create_app(settings: Settings, store: Store, *, poll_s: float = 1.0) -> Star
             elif request.headers.get("content-type", "").startswith("application/json"):
                 try:
                     body = json.loads(await request.body() or b"{}")
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested ~1000 levels deep
                     body = None
                 if not isinstance(body, dict):
                     return dash.error(request, who, 400, "body: must be a JSON object")
@@ -506,12 +506,7 @@ def _changes(form: dict[str, Any]) -> dict[str, Any]:
         if key == "configuration" and isinstance(value, str):
             if not value.strip():
                 continue
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise InputError("configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
-            if not isinstance(value, dict):
-                raise InputError("configuration", "must be a JSON object")
+            value = jobspec.parse_configuration(value)
         elif key in ("max_runtime_minutes", "max_queued") and isinstance(value, str):
             if not value.strip():
                 continue

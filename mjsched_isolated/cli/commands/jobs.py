@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from typing import Any
 
-from mjsched_isolated import ops
+from mjsched_isolated import jobspec, ops, planner
 from mjsched_isolated.cli import render
 from mjsched_isolated.cli.commands import iso_arg, job_fields, open_store, utcnow
 from mjsched_isolated.cli.exits import Exit
@@ -22,20 +21,30 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     """The job options as store field values; malformed option text is an error naming the flag."""
     fields = job_fields(args)
     if "configuration" in fields:
-        try:
-            configuration = json.loads(fields["configuration"]) if fields["configuration"] else None
-        except json.JSONDecodeError as exc:
-            raise InputError("--configuration", f"invalid JSON ({exc.msg} at position {exc.pos})") from None
-        if configuration is not None and not isinstance(configuration, dict):
-            raise InputError("--configuration", "must be a JSON object")
-        fields["configuration"] = configuration
+        fields["configuration"] = (jobspec.parse_configuration(fields["configuration"], "--configuration")
+                                   if fields["configuration"] else None)
     for key in ("start_at", "end_at"):
         if key in fields:
             fields[key] = iso_arg("--" + key.replace("_", "-"), fields[key]) if fields[key] else None
     for key in ("retry_on", "notify_recipients"):
         if key in fields:
-            fields[key] = _comma_list("--" + key.replace("_", "-"), fields[key])
+            text = fields[key]
+            fields[key] = _comma_list("--" + key.replace("_", "-"), text)
+            if key == "retry_on" and fields[key]:
+                _check_retry_on(text, fields[key])
     return fields
+
+
+def _check_retry_on(text: str, items: list[str]) -> None:
+    """``--retry-on``'s items checked like :func:`jobspec.check` does (same fields, ``retry_on[<index>]``), but
+    echoing each item as typed, spaces included: each a known status, none twice."""
+    raw = text.split(",")
+    for i, item in enumerate(items):
+        if item not in planner.RETRY_ON_CHOICES:
+            raise InputError(f"retry_on[{i}]", f"must be one of {', '.join(planner.RETRY_ON_CHOICES)}, "
+                                               f"got {raw[i]!r}")
+        if item in items[:i]:
+            raise InputError(f"retry_on[{i}]", f"{raw[i]!r} is listed twice (first as retry_on[{items.index(item)}])")
 
 
 def _comma_list(flag: str, text: str) -> list[str] | None:
