@@ -287,6 +287,24 @@ class _Statements:
                 + " FROM fin WHERE jobs.id = fin.job_id AND (SELECT count(*) FROM lk) >= 0 RETURNING jobs.id) "
                 "SELECT fin.id FROM fin",
             ).bindparams(sa.bindparam("p_payload", type_=sa.Text)).columns(runs.c.id)
+            # the one-statement claims' shared parts: the requests as rows (v), then, for the job rows the
+            # statement locked ({locked}: a query of lk's ids), the occurrence moved and the lease taken (upd)
+            # and the Running run inserted (ins)
+            claim_rows_cte = (
+                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
+                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
+                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), ")
+            claim_writes_cte = (
+                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
+                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
+                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
+                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN ({locked}) "
+                "RETURNING jobs.id), "
+                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
+                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
+                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
+                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
+                "RETURNING runs.id, runs.job_id, runs.started_at) ")
             # a plain batch of claims (the occurrence seen, the lease taken if free, nothing else; each job once)
             # as ONE statement, run in autocommit: the job rows locked in id order (SKIP LOCKED, or waiting for
             # them) with each occurrence and lease judged on the locked row (lease_free's rule, as the
@@ -297,22 +315,11 @@ class _Statements:
                     f"< {now_sql} OR NOT EXISTS (SELECT 1 FROM supervisors AS holder WHERE holder.instance = "
                     f"jobs.locked_by_instance AND holder.lease_expires_at > {now_sql}))")
             claim_sql = (
-                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
-                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
-                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
+                claim_rows_cte +
                 f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok, jobs.next_run_at IS DISTINCT "
                 "FROM v.seen AS moved FROM jobs JOIN v ON jobs.id = "
-                "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), "
-                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
-                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
-                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
-                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN (SELECT lk.id FROM lk WHERE lk.ok) "
-                "RETURNING jobs.id), "
-                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
-                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
-                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
-                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
-                "RETURNING runs.id, runs.job_id, runs.started_at) "
+                "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), " +
+                claim_writes_cte.format(locked="SELECT lk.id FROM lk WHERE lk.ok") +
                 "SELECT v.i, lk.id IS NOT NULL AND NOT lk.moved AS locked, ins.id, ins.started_at FROM v LEFT JOIN "
                 "lk ON lk.id = "
                 "v.job_id LEFT JOIN ins ON ins.job_id = v.job_id")
@@ -328,21 +335,10 @@ class _Statements:
             # of a lost claim and an idle worker. The rows are locked with the conditions in WHERE, so LIMIT
             # counts only rows that passed them (PostgreSQL applies it above the row locking)
             self.claim_pool_pg = sa.text(
-                "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(i integer, job_id integer, "
-                "seen timestamp, next_run_at timestamp, token varchar, lease_s float8, deadline_at timestamp, "
-                "scheduled_at timestamp, queued_at timestamp, missed integer, skipped integer, attempt integer)), "
+                claim_rows_cte +
                 f"lk AS (SELECT jobs.id FROM jobs JOIN v ON jobs.id = v.job_id WHERE jobs.next_run_at = v.seen AND "
-                f"{free} ORDER BY v.i LIMIT :p_limit FOR UPDATE OF jobs SKIP LOCKED), "
-                "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
-                f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
-                f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
-                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN (SELECT lk.id FROM lk) "
-                "RETURNING jobs.id), "
-                "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
-                f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
-                f"COALESCE(CAST(:p_not_before AS timestamp), {now_sql})), 'Running', :p_instance, v.token, "
-                "v.deadline_at, v.queued_at, v.missed, v.attempt FROM v JOIN upd ON upd.id = v.job_id "
-                "RETURNING runs.id, runs.job_id, runs.started_at) "
+                f"{free} ORDER BY v.i LIMIT :p_limit FOR UPDATE OF jobs SKIP LOCKED), " +
+                claim_writes_cte.format(locked="SELECT lk.id FROM lk") +
                 "SELECT v.i, ins.id, ins.started_at FROM v JOIN ins ON ins.job_id = v.job_id",
             ).bindparams(
                 sa.bindparam("p_payload", type_=sa.Text), sa.bindparam("p_instance", type_=sa.String),
