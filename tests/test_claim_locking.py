@@ -36,6 +36,16 @@ def _request(job: dict) -> ClaimRequest:
                         deadline_at=DEADLINE, scheduled_at=job["next_run_at"])
 
 
+def _close(conn: sa.Connection | None, engine: sa.Engine | None, driver: Driver | None = None) -> None:
+    """A test's teardown: its locking connection, that connection's engine and its driver, those it made."""
+    if conn is not None:
+        conn.close()
+    if engine is not None:
+        engine.dispose()
+    if driver is not None:
+        driver.close()
+
+
 def _lock_rows(url: str, ids: list[int]) -> tuple[sa.Engine, sa.Connection]:
     """Another transaction holding the job rows ``ids`` (as another supervisor's claim in flight does)."""
     engine = sa.create_engine(url)
@@ -79,10 +89,7 @@ def test_batched_claim_skips_rows_locked_elsewhere_without_waiting(server_url):
         assert again == set() and all(c is not None for c in claims)
         assert claims[0].started_at == NOW  # not before the caller's instant (2030: ahead of the database clock)
     finally:
-        if conn is not None:
-            conn.close()
-        if engine is not None:
-            engine.dispose()
+        _close(conn, engine)
         store.close()
         other.close()
 
@@ -202,12 +209,7 @@ def test_supervisor_leaves_a_skip_job_whose_row_is_busy_due_not_skipped(server_u
         assert len(store.list_runs(job_name="skipper")) == 1
         assert store.get_job("skipper")["skipped_count"] == 0
     finally:
-        if conn is not None:
-            conn.close()
-        if engine is not None:
-            engine.dispose()
-        if d is not None:
-            d.close()
+        _close(conn, engine, d)
         store.close()
 
 
@@ -328,10 +330,7 @@ def test_the_poll_passes_over_jobs_a_peer_is_claiming_on_postgresql(tmp_path):
             conn.rollback()
             assert [j["name"] for j in store.due_jobs(later, 2, skip_locked=True)] == ["j0", "j1"]
         finally:
-            if conn is not None:
-                conn.close()
-            if engine is not None:
-                engine.dispose()
+            _close(conn, engine)
             store.close()
 
 
@@ -383,12 +382,7 @@ def test_a_contended_poll_on_postgresql_takes_the_next_due_job_when_a_peer_holds
             row = store.get_job("first")
             assert row["skipped_count"] == 0 and row["next_run_at"] == first["next_run_at"]  # still due
         finally:
-            if conn is not None:
-                conn.close()
-            if engine is not None:
-                engine.dispose()
-            if d is not None:
-                d.close()
+            _close(conn, engine, d)
             store.close()
 
 
