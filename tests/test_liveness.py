@@ -198,3 +198,30 @@ def test_a_container_pid_1_sigkilled_and_restarted_has_its_crashed_run_failed_wi
             for s in (first, second):
                 if s is not None:
                     s.stop()
+
+
+def test_serve_under_a_crashed_supervisors_fixed_name_fails_the_runs_it_left(tmp_path):
+    """A crashed ``serve --instance web-1`` restarted under the same name (once the dead one's lease
+    expired): the new row kept the dead process's Running run alive forever (abandonment judged the name
+    only), its job lease renewed with the new supervisor's. The first sweep of serve fails such runs."""
+    url = f"sqlite:///{tmp_path / 'named.db'}"
+    store = Store.open(url)
+    try:
+        job = add_job(store, "long", "ok", "0 0 1 1 *", next_run_at=utcnow())
+        store.register_supervisor("web-1", "gone-host", 4242, 0.2)  # the crashed life: lease ends at once
+        now = utcnow()
+        claim = store.claim(job, now=now, next_run_at=now + dt.timedelta(days=365), instance="web-1",
+                            lease_s=600.0, deadline_at=now + dt.timedelta(minutes=5), scheduled_at=job["next_run_at"])
+        assert claim is not None
+        deadline = time.monotonic() + 10
+        while store.instance_holder("web-1", "here", 1) is not None:  # the dead life's lease runs out
+            assert time.monotonic() < deadline, "the crashed supervisor's lease never expired"
+            time.sleep(0.05)  # polling the database for a lease expiry, bounded
+        settings = Settings(database_url=url, plugins_dir=FIXTURE_PLUGINS, max_concurrent_jobs=1, instance="web-1",
+                            lease_ttl_s=5.0, lease_renew_interval_s=1.0, rescan_interval_s=0.2, shutdown_timeout_s=0)
+        assert Supervisor(settings, store, FakePool(1, FIXTURE_PLUGINS)).serve(run_for_s=0.5) == 0
+        run = store.get_run(claim.run_id)
+        assert run["status"] == "Failed" and "web-1" in run["error_message"], run
+        assert store.get_job("long")["lock_token"] is None
+    finally:
+        store.close()

@@ -258,10 +258,10 @@ class Store:
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
-                              ) -> list[AbandonedRun]:
-        """Fail runs of dead supervisors; ``notices_for`` gives each one's outbox rows
-        (:meth:`Leases.abandon_orphaned_runs`)."""
-        return self.leases.abandon_orphaned_runs(exclude_run_ids, notices_for)
+                              previous_life_of: str | None = None) -> list[AbandonedRun]:
+        """Fail runs of dead supervisors (and, ``previous_life_of``, of a dead process that had this name);
+        ``notices_for`` gives each one's outbox rows (:meth:`Leases.abandon_orphaned_runs`)."""
+        return self.leases.abandon_orphaned_runs(exclude_run_ids, notices_for, previous_life_of)
 
     # -- supervisors (:mod:`.supervisors`) ---------------------------------------------------------
     def register_supervisor(self, instance: str, hostname: str, pid: int, ttl_s: float, *,

@@ -941,19 +941,24 @@ class Leases:
 
     def abandon_orphaned_runs(self, exclude_run_ids: AbstractSet[int] = frozenset(),
                               notices_for: Callable[[AbandonedRun], list[OutboxRow]] | None = None,
-                              ) -> list[AbandonedRun]:
+                              previous_life_of: str | None = None) -> list[AbandonedRun]:
         """Mark Failed every Running run whose supervisor is gone (its ``supervisors`` row expired by the DB
         clock, or missing), count it as a failure and free its job lease (token-checked), each in one short
         transaction guarded by ``status = 'Running'``. ``exclude_run_ids``: runs the caller itself
         supervises. ``notices_for``: the caller's outbox rows for an abandoned run (the store records facts
-        and formats no notice), written in that run's transaction. Returns the abandoned runs."""
+        and formats no notice), written in that run's transaction. ``previous_life_of``: a supervisor's own
+        instance name at its first sweep, before it claims anything: every Running run under that name is
+        then a dead process's that had the name before (a crashed ``serve --instance NAME`` restarted), which
+        the new row would otherwise keep alive forever. Returns the abandoned runs."""
         orphan_q = (sa.select(runs, supervisors.c.lease_expires_at.label("holder_expired_at"),
                               schema.db_now(self.dialect).label("db_now"), jobs.c.name.label("job_name"),
                               jobs.c.notify_on_failure, jobs.c.notify_recipients)
                     .join(jobs, jobs.c.id == runs.c.job_id)
                     .outerjoin(supervisors, supervisors.c.instance == runs.c.executed_by_instance)
                     .where(runs.c.status == RunStatus.RUNNING,
-                           sa.not_(holder_alive(self.dialect, runs.c.executed_by_instance))))
+                           sa.or_(sa.not_(holder_alive(self.dialect, runs.c.executed_by_instance)),
+                                  runs.c.executed_by_instance == previous_life_of) if previous_life_of is not None
+                           else sa.not_(holder_alive(self.dialect, runs.c.executed_by_instance))))
         if exclude_run_ids:
             orphan_q = orphan_q.where(runs.c.id.not_in(sorted(exclude_run_ids)))
         with self.reader.connect() as conn:

@@ -93,6 +93,9 @@ class Dispatcher:
         # requests), while the last read found some, and when a backfill run of ours ended (its lease freed)
         self.backfills_maybe = True
         self._backfill_runs: set[int] = set()  # run ids of the backfill runs this supervisor started
+        # serve sets it before its first sweep: runs under its name are then a previous life's (never for a
+        # manual run's supervisor: two `jobs run` may share a name, each with a live run)
+        self.sweep_previous_life = False
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -129,10 +132,16 @@ class Dispatcher:
 
     # -- due jobs -------------------------------------------------------------------------------------
     def abandon_orphans(self, now: dt.datetime) -> None:
-        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices."""
+        """Fail the runs of dead supervisors (unless takeovers are held after a time jump), with notices. The
+        first sweep of ``serve`` (:attr:`sweep_previous_life`), before its first claim, also fails the Running
+        runs under its own name: a dead process's that had the name before (a crashed ``serve --instance
+        NAME`` restarted, or a container's PID 1), which this supervisor's live row would otherwise keep alive
+        forever."""
         abandoned = [] if self.clock.holding_takeovers(now) else self.store.abandon_orphaned_runs(
             exclude_run_ids=set(self.inflight), notices_for=lambda run: notices.outbox_rows(
-                notices.for_abandoned(run), self.settings.notifications.channels()))
+                notices.for_abandoned(run), self.settings.notifications.channels()),
+            previous_life_of=self.settings.instance if self.sweep_previous_life else None)
+        self.sweep_previous_life = False  # once, and only once it went through
         if abandoned:
             self.wake_sender()
         for run in abandoned:

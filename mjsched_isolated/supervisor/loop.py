@@ -317,6 +317,7 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(wsock.fileno())
         try:
             self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
+            self.dispatcher.sweep_previous_life = True  # runs left under this name by a dead process
             self.metrics.start_server()
             self.pool.start()
             self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
