@@ -6,8 +6,10 @@ Real servers, real connections, threads; SQLite (one writer) keeps its path. The
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -36,14 +38,27 @@ def _request(job: dict) -> ClaimRequest:
                         deadline_at=DEADLINE, scheduled_at=job["next_run_at"])
 
 
-def _close(conn: sa.Connection | None, engine: sa.Engine | None, driver: Driver | None = None) -> None:
-    """A test's teardown: its locking connection, that connection's engine and its driver, those it made."""
+def _close(conn: sa.Connection | None, engine: sa.Engine | None) -> None:
+    """A test's teardown: its locking connection and that connection's engine, those it made."""
     if conn is not None:
         conn.close()
     if engine is not None:
         engine.dispose()
-    if driver is not None:
-        driver.close()
+
+
+@contextlib.contextmanager
+def _driven(url: str, workers: int) -> Iterator[tuple[Store, Driver]]:
+    """A store on ``url`` and a started :class:`Driver` on it with ``workers`` fake workers, both closed after."""
+    store = Store.open(url)
+    try:
+        d = Driver(store, url, pool=FakePool(workers, FIXTURE_PLUGINS), max_concurrent_jobs=workers,
+                   plugins_dir=FIXTURE_PLUGINS).start()
+        try:
+            yield store, d
+        finally:
+            d.close()
+    finally:
+        store.close()
 
 
 def _lock_rows(url: str, ids: list[int]) -> tuple[sa.Engine, sa.Connection]:
@@ -187,30 +202,27 @@ def test_concurrent_batched_claimers_never_claim_an_occurrence_twice(server_url,
 def test_supervisor_leaves_a_skip_job_whose_row_is_busy_due_not_skipped(server_url):
     """A Skip job whose row another transaction holds (say its result being recorded) is not counted
     skipped: the poll leaves it due, and the next poll runs it."""
-    store = Store.open(server_url)
-    d = None
     engine = conn = None
-    try:
-        pool = FakePool(2, FIXTURE_PLUGINS)
-        d = Driver(store, server_url, pool=pool, max_concurrent_jobs=2, plugins_dir=FIXTURE_PLUGINS).start()
-        at = d.timeline()
-        real_now = store.db_now()
-        job = add_job(store, "skipper", "ok", "0 0 1 1 *", now=real_now, next_run_at=real_now - dt.timedelta(days=1),
-                      concurrency_mode="Skip", missed_run_policy="RunOnce")
-        engine, conn = _lock_rows(server_url, [job["id"]])
-        assert d.supervisor.dispatcher.contended_until is None
-        at(0.0)
-        row = store.get_job("skipper")
-        assert row["skipped_count"] == 0 and row["next_run_at"] == job["next_run_at"]
-        assert d.supervisor.dispatcher.contended_until is not None  # its due reads now pass over held rows
-        assert store.list_runs(job_name="skipper") == []
-        conn.rollback()
-        at(0.1)
-        assert len(store.list_runs(job_name="skipper")) == 1
-        assert store.get_job("skipper")["skipped_count"] == 0
-    finally:
-        _close(conn, engine, d)
-        store.close()
+    with _driven(server_url, 2) as (store, d):
+        try:
+            at = d.timeline()
+            real_now = store.db_now()
+            job = add_job(store, "skipper", "ok", "0 0 1 1 *", now=real_now,
+                          next_run_at=real_now - dt.timedelta(days=1), concurrency_mode="Skip",
+                          missed_run_policy="RunOnce")
+            engine, conn = _lock_rows(server_url, [job["id"]])
+            assert d.supervisor.dispatcher.contended_until is None
+            at(0.0)
+            row = store.get_job("skipper")
+            assert row["skipped_count"] == 0 and row["next_run_at"] == job["next_run_at"]
+            assert d.supervisor.dispatcher.contended_until is not None  # its due reads now pass over held rows
+            assert store.list_runs(job_name="skipper") == []
+            conn.rollback()
+            at(0.1)
+            assert len(store.list_runs(job_name="skipper")) == 1
+            assert store.get_job("skipper")["skipped_count"] == 0
+        finally:
+            _close(conn, engine)
 
 
 def test_a_batch_of_results_is_judged_row_by_row_on_every_database(any_store):
@@ -360,13 +372,9 @@ def test_a_contended_poll_on_postgresql_takes_the_next_due_job_when_a_peer_holds
     """While contended (peers polling the same due rows), a PostgreSQL poll claims its free slots from more
     candidates than slots in one statement (``Store.claim_pool``): the first due job's row held by a peer
     makes way for the next one, instead of a lost claim and an idle worker; the held one stays due."""
-    with isolated_database("postgresql", tmp_path) as url:
-        store = Store.open(url)
-        d = None
-        engine = conn = None
+    engine = conn = None
+    with isolated_database("postgresql", tmp_path) as url, _driven(url, 1) as (store, d):
         try:
-            pool = FakePool(1, FIXTURE_PLUGINS)
-            d = Driver(store, url, pool=pool, max_concurrent_jobs=1, plugins_dir=FIXTURE_PLUGINS).start()
             at = d.timeline()
             real_now = store.db_now()
             first, second = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
@@ -382,36 +390,26 @@ def test_a_contended_poll_on_postgresql_takes_the_next_due_job_when_a_peer_holds
             row = store.get_job("first")
             assert row["skipped_count"] == 0 and row["next_run_at"] == first["next_run_at"]  # still due
         finally:
-            _close(conn, engine, d)
-            store.close()
+            _close(conn, engine)
 
 
 def test_a_contended_poll_on_postgresql_still_skips_a_skip_job_whose_run_is_live(tmp_path):
     """Only plain candidates go to the pooled claim: a Skip job whose lease a live peer holds (as read) is
     claimed as before, loses, and its occurrence is skipped; a plain one beside it runs."""
-    with isolated_database("postgresql", tmp_path) as url:
-        store = Store.open(url)
-        d = None
-        try:
-            pool = FakePool(2, FIXTURE_PLUGINS)
-            d = Driver(store, url, pool=pool, max_concurrent_jobs=2, plugins_dir=FIXTURE_PLUGINS).start()
-            at = d.timeline()
-            real_now = store.db_now()
-            store.register_supervisor("peer", "host", 1, 3600.0)
-            held, free = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
-                                  next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
-                          for name, s in (("held", 20), ("free", 10)))
-            with store.engine.begin() as conn:
-                conn.execute(sa.text("UPDATE jobs SET lock_token = 'peer-token', locked_by_instance = 'peer', "
-                                     "locked_at = now(), expected_completion_at = now() + interval '1 hour' "
-                                     "WHERE id = :i"), {"i": held["id"]})
-            d.supervisor.dispatcher.contended_until = real_now + dt.timedelta(hours=1)
-            at(0.0)
-            row = store.get_job("held")
-            assert store.list_runs(job_name="held") == [] and row["skipped_count"] == 1
-            assert row["next_run_at"] > held["next_run_at"]
-            assert [r["scheduled_at"] for r in store.list_runs(job_name="free")] == [free["next_run_at"]]
-        finally:
-            if d is not None:
-                d.close()
-            store.close()
+    with isolated_database("postgresql", tmp_path) as url, _driven(url, 2) as (store, d):
+        at = d.timeline()
+        real_now = store.db_now()
+        store.register_supervisor("peer", "host", 1, 3600.0)
+        held, free = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
+                              next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
+                      for name, s in (("held", 20), ("free", 10)))
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET lock_token = 'peer-token', locked_by_instance = 'peer', "
+                                 "locked_at = now(), expected_completion_at = now() + interval '1 hour' "
+                                 "WHERE id = :i"), {"i": held["id"]})
+        d.supervisor.dispatcher.contended_until = real_now + dt.timedelta(hours=1)
+        at(0.0)
+        row = store.get_job("held")
+        assert store.list_runs(job_name="held") == [] and row["skipped_count"] == 1
+        assert row["next_run_at"] > held["next_run_at"]
+        assert [r["scheduled_at"] for r in store.list_runs(job_name="free")] == [free["next_run_at"]]
