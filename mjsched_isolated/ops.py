@@ -618,6 +618,8 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
                  + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
     notes.extend(f"plugins: {warning}" for warning in report.warnings)
     notes.append(f"isolation: {proctree.containment(cgroups.probe(settings.isolation.cgroups))}")
+    if (foreign_proc := proctree.foreign_proc()) is not None:
+        problems.append(f"/proc: {foreign_proc}")
     for failure in report.failures:
         problems.append(f"plugin module {failure.module}: failed to import: {last_line(failure.error)}")
     jobs_file = jobs_file or settings.jobs_file
