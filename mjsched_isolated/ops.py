@@ -544,7 +544,8 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
         on_paused(job_view(job))
     manual = msgspec.structs.replace(settings, max_concurrent_jobs=1,
                                      instance=MANUAL_INSTANCE_PREFIX + settings.instance)
-    pool = Pool.from_settings(manual, size=1)
+    # the last good plugin copies of a serve of this machine: its job types, after a refused reload too
+    pool = Pool.from_settings(manual, size=1, borrow_good_plugins=True)
     try:
         run_id = Supervisor(manual, store, pool).run_now(job, ready_timeout_s=manual.worker_ready_timeout_s)
     finally:

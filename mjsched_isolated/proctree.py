@@ -107,6 +107,18 @@ def foreign_proc() -> str | None:
             "(unshare --mount-proc, or a container's own /proc)")
 
 
+def exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace (signal 0; one we may not signal exists).
+    Needs no ``/proc``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def signal_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     """Send ``sig`` to process group ``pgid``. False if the group no longer exists (or is not ours)."""
     try:

@@ -53,7 +53,7 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerC
                 os._exit(0)  # the worker is gone (exited or killed): nothing left to guard
             if worker is not None and worker.ppid() != supervisor_pid:
                 break
-            if worker is None and not _alive(supervisor_pid):
+            if worker is None and not proctree.exists(supervisor_pid):
                 break
             if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
                 break
@@ -72,13 +72,3 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerC
             proctree.signal_group(worker_pid)
     os._exit(0)
 
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists in this PID namespace (signal 0; one we may not signal exists)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
