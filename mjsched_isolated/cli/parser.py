@@ -274,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
     rlogs.add_argument("id", type=int, help="the run's id")
     rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    rlogs.add_argument("--raw", action="store_true",
+                       help="on a terminal too, print control characters (ANSI colours, cursor moves) as the run "
+                            "wrote them; by default a terminal shows them as \\xNN escapes (a pipe or a file "
+                            "always gets the output as stored)")
     _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")
