@@ -145,8 +145,8 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--retry-max-jitter-s", field="retry_max_jitter_s", type=float, metavar="S",
         help="add up to S seconds to each retry's delay, stable per attempt (default 0)")
     add("--retry-on", field="retry_on", metavar="A,B",
-        help=f"run statuses that retry, of {', '.join(RETRY_ON_CHOICES)} (default Failed,Timeout; a worker crash "
-             "is Failed)")
+        help=f"run statuses that retry, at least one, of {', '.join(RETRY_ON_CHOICES)} (default Failed,Timeout; a "
+             "worker crash is Failed)")
     add("--pause-after-failures", field="pause_after_failures", type=int, metavar="N",
         help="pause the job after N consecutive failed runs (final failures, after retries); resume clears it")
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
