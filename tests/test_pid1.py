@@ -17,6 +17,8 @@ import pytest
 from conftest import FIXTURE_PLUGINS, add_job
 from waiting import LogLines, wait_until
 
+from mjsched_isolated.store import Store
+
 YEARLY = "0 0 1 1 *"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,6 +93,13 @@ def test_serve_refuses_and_check_reports_a_pid_namespace_without_its_own_proc(tm
     (line,) = served.stderr.splitlines()
     assert line.startswith("error: /proc: mounted for another PID namespace") and "unshare --mount-proc" in line
     assert not db.exists()  # nothing written
+    with Store.open(f"sqlite:///{tmp_path / 'jobs.db'}") as store:  # jobs run (and the Python API) refuse too
+        add_job(store, "j", "ok", YEARLY)
+    ran = _in_pid_namespace_without_its_proc("-m", "mjsched_isolated", "jobs", "run", "j", "--db",
+                                             f"sqlite:///{tmp_path / 'jobs.db'}", "--plugins", FIXTURE_PLUGINS,
+                                             cwd=tmp_path)
+    assert ran.returncode == 2, ran
+    assert ran.stderr.splitlines()[-1].startswith("error: /proc: mounted for another PID namespace"), ran
     checked = _in_pid_namespace_without_its_proc("-m", "mjsched_isolated", "check", "--db", f"sqlite:///{db}",
                                                  "--plugins", str(plugins), cwd=tmp_path)
     assert checked.returncode == 1, checked
