@@ -544,7 +544,8 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
         on_paused(job_view(job))
     manual = msgspec.structs.replace(settings, max_concurrent_jobs=1,
                                      instance=MANUAL_INSTANCE_PREFIX + settings.instance)
-    pool = Pool.from_settings(manual, size=1)
+    # the last good plugin copies of a serve of this machine: its job types, after a refused reload too
+    pool = Pool.from_settings(manual, size=1, borrow_good_plugins=True)
     try:
         run_id = Supervisor(manual, store, pool).run_now(job, ready_timeout_s=manual.worker_ready_timeout_s)
     finally:
@@ -618,6 +619,8 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
                  + (", ".join(sorted(p.job_type for p in report.plugins)) or "none"))
     notes.extend(f"plugins: {warning}" for warning in report.warnings)
     notes.append(f"isolation: {proctree.containment(cgroups.probe(settings.isolation.cgroups))}")
+    if (foreign_proc := proctree.foreign_proc()) is not None:
+        problems.append(f"/proc: {foreign_proc}")
     for failure in report.failures:
         problems.append(f"plugin module {failure.module}: failed to import: {last_line(failure.error)}")
     jobs_file = jobs_file or settings.jobs_file

@@ -90,6 +90,35 @@ def _proc_tree_cpu_s(pid: int) -> tuple[bool, float | None]:
     return True, ticks / _TICKS
 
 
+def foreign_proc() -> str | None:
+    """None when ``/proc`` shows this process's own PID namespace (or there is no ``/proc``); else what is
+    wrong with ``/proc``, on one line naming the cause and the fix. A PID namespace started without its
+    own ``/proc`` (``unshare -pf`` without ``--mount-proc``) still shows its parent's: every pid read there
+    (a worker's parent, a run's descendants) is another process's, so the worker's watchdog judged a
+    stranger."""
+    try:
+        seen = os.readlink("/proc/self")
+    except OSError:
+        return None
+    if seen == str(os.getpid()):
+        return None
+    return (f"mounted for another PID namespace (/proc/self is pid {seen}, this process is pid {os.getpid()}): "
+            "workers would judge and signal other processes by their pids; give this PID namespace its own /proc "
+            "(unshare --mount-proc, or a container's own /proc)")
+
+
+def exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace (signal 0; one we may not signal exists).
+    Needs no ``/proc``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def signal_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     """Send ``sig`` to process group ``pgid``. False if the group no longer exists (or is not ours)."""
     try:

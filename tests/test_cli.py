@@ -60,8 +60,11 @@ DEEP_ENV = '{"command": ["true"], "env": ' + '{"a": ' * 150 + "1" + "}" * 150 + 
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,nobody"], "notify_recipients[1]"),
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", ",,,"], "--notify-recipients"),
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", "ops@x.org,"], "--notify-recipients"),
-    (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed,,Timeout"], "--retry-on"),
-    (["--type", "ok", "--cron", "* * * * *", "--retry-on", " "], "--retry-on"),  # blank: not '' (clear)
+    # as the API's retry_on=["Failed", "", "Timeout"] and retry_on=[] are (a review: '' meant the default)
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", "Failed,,Timeout"],
+     "retry_on[1]: must be one of Failed, Timeout, Cancelled, Fenced, got ''"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", " "], "retry_on: must list at least one status, got ' '"),
+    (["--type", "ok", "--cron", "* * * * *", "--retry-on", ""], "retry_on: must list at least one status, got ''"),
     (["--type", "ok", "--cron", "* * * * *", "--notify-recipients", " "], "--notify-recipients"),
     (["--type", "ok", "--cron", "0 0 30 2 *"], "cron_expression"),  # February 30th never comes
     (["--type", "ok", "--cron", "* * * * *", "--max-jitter-s", "60"], "max_jitter_s"),  # would swallow runs

@@ -682,3 +682,50 @@ def test_0014_upgrade_keeps_rows_adds_an_empty_backfills_table_that_takes_pendin
             assert conn.execute(sa.select(sa.func.count()).select_from(backfills)).scalar() == 0
     finally:
         engine.dispose()
+
+
+@pytest.mark.timeout(60)
+def test_postgresql_keeps_every_table_in_the_schema_the_urls_search_path_names(tmp_path, capsys, monkeypatch):
+    """The documented way to keep mjsched's tables in a PostgreSQL schema of their own: libpq's
+    ``?options=-csearch_path%3Dname`` in the URL. Migrations, ``serve`` (a run), the dashboard and the CLI
+    all work there, and the tables land in that schema; a schema not created yet is one line saying so."""
+    import uuid
+
+    from clirun import error_line
+    from conftest import POSTGRES_URL, _server_or_skip, add_job
+    from starlette.testclient import TestClient
+
+    from mjsched_isolated.config import build_settings
+    from mjsched_isolated.dashboard.app import create_app
+
+    admin = _server_or_skip(POSTGRES_URL)
+    name = f"mjsched_{uuid.uuid4().hex[:10]}"
+    url = f"{POSTGRES_URL}?options=-csearch_path%3D{name}"
+    cli = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": url})
+    try:
+        assert error_line(cli("db", "upgrade", expect=2)) == (
+            f"error: database schema: no schema of PostgreSQL's search_path ({name}) exists: create it first "
+            "(CREATE SCHEMA name), or correct the URL's options=-csearch_path%3Dname")
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {name}")
+        assert "upgraded: none -> " in cli("db", "upgrade").stdout
+        with Store.open(url) as store:
+            add_job(store, "hello", "ok", "0 0 1 1 *")  # due now
+            serve = Serve(url, "--plugins", FIXTURE_PLUGINS)
+            try:
+                run_id = int(serve.wait_for(r"run (\d+) finished: job hello Completed").group(1))
+            finally:
+                serve.stop()
+            settings = build_settings({"database_url": url, "plugins_dir": FIXTURE_PLUGINS})
+            with TestClient(create_app(settings, store, poll_s=0.05), base_url="http://127.0.0.1") as client:
+                assert client.get(f"/api/runs/{run_id}").json()["run"]["status"] == "Completed"
+        assert "hello" in cli("jobs", "list").stdout
+        with admin.connect() as conn:
+            tables = set(conn.execute(sa.text("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_schema = :s"), {"s": name}).scalars())
+            assert {t.name for t in schema.metadata.sorted_tables} | {"alembic_version"} <= tables
+            assert conn.exec_driver_sql(f"SELECT status FROM {name}.runs").scalars().all() == ["Completed"]
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        admin.dispose()

@@ -7,15 +7,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 from conftest import FIXTURE_PLUGINS, add_job
 from waiting import LogLines, wait_until
 
+from mjsched_isolated.store import Store
+
 YEARLY = "0 0 1 1 *"
+ROOT = Path(__file__).resolve().parent.parent
 
 needs_pid_namespace = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                          reason="a PID namespace needs root and unshare(1)")
@@ -66,3 +71,64 @@ def test_check_and_serve_say_how_workers_contain_leftovers(db_url, tmp_path, cap
     from mjsched_isolated import cgroups
     mechanism = cgroups.probe().split(" under ")[0]  # "cgroup v2 per worker", or "cgroups are not used (why)"
     assert "isolation: workers are child subreapers" in out and mechanism in out
+
+
+def _in_pid_namespace_without_its_proc(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``args`` run by this Python as PID 1 of a new PID namespace that kept the host's /proc (``unshare -pf``
+    without ``--mount-proc``)."""
+    return subprocess.run(["unshare", "-pf", "--kill-child", sys.executable, *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@needs_pid_namespace
+def test_serve_refuses_and_check_reports_a_pid_namespace_without_its_own_proc(tmp_path):
+    """Under ``unshare -pf`` without ``--mount-proc``, every worker's watchdog read the host process with the
+    worker's pid, found a stranger's parent and killed the worker at once (every slot refilled, forever)."""
+    db = tmp_path / "m.db"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    served = _in_pid_namespace_without_its_proc("-m", "mjsched_isolated", "serve", "--db", f"sqlite:///{db}",
+                                                "--plugins", str(plugins), "--run-for", "0", cwd=tmp_path)
+    assert served.returncode == 2, served
+    (line,) = served.stderr.splitlines()
+    assert line.startswith("error: /proc: mounted for another PID namespace") and "unshare --mount-proc" in line
+    assert not db.exists()  # nothing written
+    with Store.open(f"sqlite:///{tmp_path / 'jobs.db'}") as store:  # jobs run (and the Python API) refuse too
+        add_job(store, "j", "ok", YEARLY)
+    ran = _in_pid_namespace_without_its_proc("-m", "mjsched_isolated", "jobs", "run", "j", "--db",
+                                             f"sqlite:///{tmp_path / 'jobs.db'}", "--plugins", FIXTURE_PLUGINS,
+                                             cwd=tmp_path)
+    assert ran.returncode == 2, ran
+    assert ran.stderr.splitlines()[-1].startswith("error: /proc: mounted for another PID namespace"), ran
+    checked = _in_pid_namespace_without_its_proc("-m", "mjsched_isolated", "check", "--db", f"sqlite:///{db}",
+                                                 "--plugins", str(plugins), cwd=tmp_path)
+    assert checked.returncode == 1, checked
+    assert "PROBLEM /proc: mounted for another PID namespace" in checked.stdout
+
+
+WATCHDOG_UNDER_FOREIGN_PROC = """
+import os, sys, time, multiprocessing
+from mjsched_isolated.worker import watchdog
+busy = multiprocessing.RawValue("b", 1)
+fence_at = multiprocessing.RawValue("d", time.monotonic() + 1.0)
+started = time.monotonic()
+worker = os.fork()
+if worker == 0:
+    os.setpgid(0, 0)
+    watchdog.start(1, busy, fence_at)
+    while True:
+        time.sleep(60)  # the worker, idle until its watchdog kills it
+_, status = os.waitpid(worker, 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1, time.monotonic() - started)
+"""
+
+
+@needs_pid_namespace
+def test_a_watchdog_under_another_namespaces_proc_spares_its_worker_until_the_fence(tmp_path):
+    """The watchdog of a worker whose /proc is another PID namespace's (an embedding that did not go through
+    ``serve``'s refusal) no longer reads a stranger's parent there: the worker lives until its fence passes
+    (1 s), then is killed as before (not 0.1 s after it started)."""
+    done = _in_pid_namespace_without_its_proc("-c", WATCHDOG_UNDER_FOREIGN_PROC, cwd=tmp_path)
+    assert done.returncode == 0, done
+    sig, lived_s = done.stdout.split()
+    assert int(sig) == signal.SIGKILL and float(lived_s) >= 1.0, done.stdout

@@ -268,3 +268,45 @@ def test_the_last_good_copy_is_not_used_for_a_module_removed_then_added_back_bro
     (folder / "versioned.py").write_text(VERSIONED.format(version="2 +"))
     broken = load_plugins(folder, builtins=False, keep_dir=keep)
     assert "versioned" not in broken.classes and [f.module for f in broken.failures] == ["versioned.py"]
+
+
+@pytest.mark.timeout(60)
+def test_jobs_run_after_a_refused_reload_runs_the_last_good_version_as_serves_refilled_workers_do(
+        versioned, db_url, store, driver_factory, tmp_path, capsys, monkeypatch):
+    """``jobs run`` started a pool of its own whose worker imported the broken file: the job type was not
+    available to it while ``serve``'s refilled workers ran it. It now starts from the last good copies of
+    the live ``serve`` (same plugins folder, same machine) and says so, as a refilled worker does."""
+    from clirun import Cli
+
+    d = driver_factory(plugins_dir=str(versioned), max_concurrent_jobs=1)
+    _write_plugin(versioned / "versioned.py", VERSIONED.format(version="2 +"), bump_s=1)
+    d.until(lambda: d.supervisor.reloader.refused == 1)
+    add_job(store, "by-hand", "versioned", YEARLY)
+    cli = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": str(versioned)})
+    result = cli("jobs", "run", "by-hand")
+    assert result.stdout.startswith("run ") and ": Completed in" in result.stdout, result
+    assert "plugin module versioned.py no longer imports (SyntaxError" in result.stderr
+    assert _run_details(store, "by-hand") == {"version": 1}  # the code serve runs, not a lost job type
+
+
+def test_only_the_copies_of_a_live_process_that_nobody_else_may_write_are_borrowed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from mjsched_isolated.supervisor.pool import borrow_good_copies, keep_dir_prefix
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = keep_dir_prefix(str(tmp_path / "plugins"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    into = tmp_path / "into"
+    into.mkdir()
+    for owner, mode, name in ((os.getpid(), 0o700, "live.py"), (int(gone.stdout), 0o700, "dead.py"),
+                              (os.getpid(), 0o777, "writable.py")):
+        folder = tmp_path / f"{prefix}{owner}-{name[:-3]}"
+        folder.mkdir()
+        (folder / name).write_text("x = 1\n")
+        folder.chmod(mode)
+    assert borrow_good_copies(prefix, str(into)) == 1
+    assert sorted(p.name for p in into.iterdir()) == ["live.py"]

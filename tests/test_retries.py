@@ -16,6 +16,7 @@ from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
 
 from mjsched_isolated import Client, ops, planner
+from mjsched_isolated.errors import InputError
 from mjsched_isolated.store import Store
 
 UTC = dt.UTC
@@ -327,6 +328,23 @@ def test_cli_and_client_carry_the_fields(cli, db_url):
         assert job.retry_on == ["Timeout"]
         job = client.add_job("k", job_type="ok", cron_expression="@daily", max_retries=2)
         assert (job.max_retries, job.retry_backoff_s, job.consecutive_failures) == (2, 10.0, 0)
+
+
+@pytest.mark.parametrize("text", ["", " ", ","])
+def test_an_empty_retry_on_is_refused_by_update_as_by_the_api_and_the_jobs_file(cli, db_url, tmp_path, text):
+    """``--retry-on ''`` meant the default where the API refused ``retry_on=[]`` and ``' '`` was another
+    error: now one error naming ``retry_on``, exit 2, the job unchanged, from every door."""
+    cli("jobs", "add", "j", "--type", "ok", "--cron", "@daily", "--retry-on", "Cancelled")
+    line = error_line(cli("jobs", "update", "j", "--retry-on", text, expect=2))
+    assert line.startswith(("error: retry_on: must list at least one status", "error: retry_on[0]: must be one of"))
+    assert json.loads(cli("jobs", "show", "j", "--json").stdout)["retry_on"] == ["Cancelled"]  # nothing written
+    with Client(db_url, plugins_dir=FIXTURE_PLUGINS) as client, pytest.raises(InputError) as refused:
+        client.update_job("j", retry_on=[])
+    assert str(refused.value).startswith("retry_on: must list at least one status")
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[jobs]]\nname = "j"\njob_type = "ok"\ncron_expression = "@daily"\nretry_on = []\n')
+    assert error_line(cli("jobs", "sync", str(path), expect=2)) == (
+        f"error: {path}: jobs[0].retry_on: must list at least one status (to retry nothing, set max_retries 0)")
 
 
 def test_jobs_file_carries_the_fields_and_a_second_sync_changes_nothing(cli, tmp_path):

@@ -352,3 +352,59 @@ def test_the_left_out_marker_is_on_a_line_of_its_own_even_after_the_head_was_sen
         lines = text.splitlines()
         assert lines[0] == "a" * 50 and lines[1].startswith("[... 9900 bytes of output left out"), text
         assert lines[1].endswith("...]") and lines[2] == "a" * 50
+
+
+NASTY = "plain\n\x1b[2J\x1b[H\x1b]0;owned\x07\x9b31mred\x1b[0m\tcrlf\r\nover\rwrite\n"
+
+
+def _on_a_terminal(argv: list[str]) -> str:
+    """What ``argv`` writes to stdout when stdout is a real terminal (a pseudo-terminal in raw mode: no
+    newline translation), read to the end."""
+    import os
+    import pty
+    import subprocess
+    import tty
+
+    controller, terminal = pty.openpty()
+    tty.setraw(terminal)
+    try:
+        proc = subprocess.Popen(argv, stdout=terminal, stderr=subprocess.PIPE)
+        os.close(terminal)
+        terminal = -1
+        out = b""
+        while True:
+            try:
+                piece = os.read(controller, 65536)
+            except OSError:  # EIO: the process closed the terminal (it exited)
+                break
+            if not piece:
+                break
+            out += piece
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else None
+        return out.decode()
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+
+
+@pytest.mark.timeout(30)
+def test_runs_logs_shows_control_characters_as_escapes_on_a_terminal_and_as_stored_elsewhere(
+        store, db_url, tmp_path, capsys, monkeypatch):
+    """A run's output could move the cursor, clear the screen and retitle the terminal of whoever read it
+    with ``runs logs``. On a terminal they are now visible escapes; ``--raw``, a pipe or a file get the
+    output as stored."""
+    import sys
+
+    from clirun import Cli
+
+    run_id = _run(store, add_job(store, "j", "ok", now=NOW)["id"])
+    store.append_run_output(run_id, 0, [NASTY], NOW)
+    both = ("import sys; from mjsched_isolated.cli import main; "  # one cold start for both
+            "args = ['runs', 'logs', '--db', sys.argv[1], sys.argv[2]]; "
+            "main(args); print('=== --raw'); main([*args, '--raw'])")
+    escaped, raw = _on_a_terminal([sys.executable, "-c", both, db_url, str(run_id)]).split("=== --raw\n")
+    assert escaped == "plain\n\\x1b[2J\\x1b[H\\x1b]0;owned\\x07\\x9b31mred\\x1b[0m\tcrlf\r\nover\\x0dwrite\n"
+    assert raw == NASTY
+    cli = Cli(capsys, monkeypatch, tmp_path)
+    assert cli("runs", "logs", "--db", db_url, str(run_id)).stdout == NASTY  # captured: not a terminal

@@ -145,8 +145,8 @@ def _job_fields(parser: argparse.ArgumentParser, *, adding: bool) -> None:
     add("--retry-max-jitter-s", field="retry_max_jitter_s", type=float, metavar="S",
         help="add up to S seconds to each retry's delay, stable per attempt (default 0)")
     add("--retry-on", field="retry_on", metavar="A,B",
-        help=f"run statuses that retry, of {', '.join(RETRY_ON_CHOICES)} (default Failed,Timeout; a worker crash "
-             "is Failed)")
+        help=f"run statuses that retry, at least one, of {', '.join(RETRY_ON_CHOICES)} (default Failed,Timeout; a "
+             "worker crash is Failed)")
     add("--pause-after-failures", field="pause_after_failures", type=int, metavar="N",
         help="pause the job after N consecutive failed runs (final failures, after retries); resume clears it")
     add("--max-jitter-s", field="max_jitter_s", type=float, metavar="S",
@@ -274,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=fmt, epilog="example:\n  mjsched runs logs 42 --follow")
     rlogs.add_argument("id", type=int, help="the run's id")
     rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
+    rlogs.add_argument("--raw", action="store_true",
+                       help="on a terminal too, print control characters (ANSI colours, cursor moves) as the run "
+                            "wrote them; by default a terminal shows them as \\xNN escapes (a pipe or a file "
+                            "always gets the output as stored)")
     _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")

@@ -43,6 +43,17 @@ def safe(text: str) -> str:
     return _CONTROL.sub("?", text)
 
 
+_TERMINAL_CONTROL = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # CR of a CRLF kept
+
+
+def visible(text: str) -> str:
+    r"""A run's output for a terminal: each control character (an ANSI escape's ESC, a lone carriage
+    return, a C1 code such as CSI ``\x9b``) shown as a ``\xNN`` escape, as systemd escapes them, so the
+    output cannot move the cursor, retitle or reset the terminal. Newlines, tabs and line-ending carriage
+    returns are kept; every other character is left as it is."""
+    return _TERMINAL_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def cell(value: Any) -> str:
     """A table cell: one line (a multi-line error shows its lines joined by " | "), tabs as spaces, and no
     control characters (a plugin's ANSI colour codes must not repaint the terminal)."""

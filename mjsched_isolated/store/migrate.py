@@ -149,6 +149,12 @@ def _locked(engine: Engine) -> Iterator[Connection]:
         dialect = engine.dialect.name
         if dialect == "postgresql":
             with conn.begin():
+                schema, search_path = conn.execute(sa.text("SELECT current_schema(), current_setting('search_path')")
+                                                   ).one()
+                if schema is None:  # else "no schema has been selected to create in", at the first CREATE
+                    raise SchemaError(f"database schema: no schema of PostgreSQL's search_path ({search_path}) "
+                                      "exists: create it first (CREATE SCHEMA name), or correct the URL's "
+                                      "options=-csearch_path%3Dname")
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock("
                                      "hashtext('mjsched_schema:' || coalesce(current_schema(), '')))"))
                 yield conn

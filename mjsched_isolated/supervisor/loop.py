@@ -14,8 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mjsched_isolated import protocol
+from mjsched_isolated import proctree, protocol
 from mjsched_isolated.config import Settings, redact_url
+from mjsched_isolated.errors import InputError
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.records import JobRow
@@ -305,7 +306,9 @@ class Supervisor:
     # -- serve: signals and the outer loop ----------------------------------------------------------
     def serve(self, run_for_s: float | None = None) -> int:
         """Run until SIGTERM/SIGINT (or ``run_for_s`` seconds), then drain and return exit code 0; 1 if it
-        never managed to register with the database (a read-only database, say: it ran nothing)."""
+        never managed to register with the database (a read-only database, say: it ran nothing). Raises
+        :class:`InputError` (``/proc``) in a PID namespace without its own ``/proc``, before starting anything."""
+        _require_own_proc()
         rsock, wsock = socket.socketpair()
         for sock in (rsock, wsock):
             sock.setblocking(False)
@@ -413,8 +416,18 @@ class Supervisor:
     # -- manual runs ------------------------------------------------------------------------------
     def run_now(self, job: JobRow, *, ready_timeout_s: float) -> int | None:
         """``jobs run NAME``: run ``job`` once now through a worker and wait until it is recorded; see
-        :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it)."""
+        :func:`mjsched_isolated.supervisor.manual.run_now`. Returns the run id (None: a live run refused it).
+        Raises :class:`InputError` (``/proc``) as :meth:`serve` does."""
+        _require_own_proc()
         return manual.run_now(self, job, ready_timeout_s=ready_timeout_s)
+
+
+def _require_own_proc() -> None:
+    """Workers are judged and signalled by the pids read in ``/proc``: one of another PID namespace
+    (``unshare -pf`` without ``--mount-proc``) would have them judge strangers
+    (:func:`~mjsched_isolated.proctree.foreign_proc`)."""
+    if (foreign_proc := proctree.foreign_proc()) is not None:
+        raise InputError("/proc", foreign_proc)
 
 
 def has_controlling_terminal() -> bool:

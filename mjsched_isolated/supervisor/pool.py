@@ -13,6 +13,7 @@ only the second time. A slot whose child keeps dying before it is ready for any 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import math
@@ -46,6 +47,7 @@ log = logging.getLogger("mjsched.pool")
 _ctx = multiprocessing.get_context("spawn")
 MAX_RESPAWN_BACKOFF_S = 60.0
 RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop by then is killed
+KEEP_DIR_PREFIX = "mjsched-plugins-good-"
 
 
 def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
@@ -109,6 +111,42 @@ class ChildEvent(msgspec.Struct):
     oom_evidence: bool | None = None
 
 
+def keep_dir_prefix(plugins_dir: str | None) -> str:
+    """How the folders of last good plugin copies (:class:`Pool`'s ``keep_dir``) of ``plugins_dir`` (None:
+    ``./plugins`` if it exists) start, for this user: each pool adds its process id, so that another pool
+    of the same plugins folder on this machine finds them (:func:`borrow_good_copies`)."""
+    folder = plugins_dir if plugins_dir is not None else ("plugins" if os.path.isdir("plugins") else None)
+    key = hashlib.sha256(os.path.realpath(folder).encode()).hexdigest()[:16] if folder is not None else "none"
+    return f"{KEEP_DIR_PREFIX}{os.getuid()}-{key}-"
+
+
+def borrow_good_copies(prefix: str, into: str) -> int:
+    """Copy into ``into`` the last good plugin copies kept by the live pools whose folders start with
+    ``prefix`` (:func:`keep_dir_prefix`), those written last winning. Only folders this user owns and
+    nobody else may write to, of a process that still exists. Returns the number of files copied."""
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(tempfile.gettempdir()) as entries:
+            for entry in entries:
+                pid = entry.name[len(prefix):].split("-", 1)[0]
+                if not entry.name.startswith(prefix) or entry.path == into or not pid.isdigit():
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if (entry.is_dir(follow_symlinks=False) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+                        and proctree.exists(int(pid))):
+                    found.append((info.st_mtime_ns, entry.path))
+    except OSError:
+        return 0
+    copied = 0
+    for _, folder in sorted(found):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                if name.endswith(".py") and not name.startswith("."):  # not a copy being written
+                    shutil.copyfile(os.path.join(folder, name), os.path.join(into, name))
+                    copied += 1
+    return copied
+
+
 class Pool:
     """``size`` slots of worker children importing plugins from ``plugins_dir``.
 
@@ -119,6 +157,9 @@ class Pool:
     the crash backoff. ``keep_good_plugins``: keep the last good copy of each local plugin module in a
     temporary folder (made by :meth:`start`, removed by :meth:`close`) for refilled workers to import when
     the file no longer does (see :mod:`~mjsched_isolated.worker.loader`); False for the reload probe.
+    ``borrow_good_plugins`` (``jobs run``): start that folder with the copies kept by the live pools of the
+    same plugins folder on this machine (a ``serve`` that refused a reload), so a manual run has the job
+    types that ``serve``'s refilled workers have (:func:`borrow_good_copies`).
     All methods are called from the supervisor's single thread.
     """
 
@@ -126,7 +167,7 @@ class Pool:
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text",
                  max_run_output_bytes: int = 4 * 1024 * 1024, cgroups_mode: str = "auto",
-                 keep_good_plugins: bool = True):
+                 keep_good_plugins: bool = True, borrow_good_plugins: bool = False):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -166,15 +207,17 @@ class Pool:
         # the last good copy of each local plugin module, imported by a refilled worker when the file on disk
         # no longer imports (a reload refused, see supervisor/reload.py and worker/loader.py); made by start()
         self.keep_good_plugins = keep_good_plugins
+        self.borrow_good_plugins = borrow_good_plugins
         self.keep_dir: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
-                      log_level: int | None = None) -> Pool:
+                      log_level: int | None = None, borrow_good_plugins: bool = False) -> Pool:
         """The one way a pool is built from :class:`~mjsched_isolated.config.Settings`: every setting that
         concerns workers (plugins folder, import and ready timeouts, recycling, log format) is applied, so
         ``serve``, ``jobs run`` and the CLI's plugin checks load plugins alike. ``size`` defaults to
-        ``max_concurrent_jobs``; ``log_level`` to the root logger's level."""
+        ``max_concurrent_jobs``; ``log_level`` to the root logger's level; ``borrow_good_plugins``: see the
+        class."""
         return cls(size if size is not None else settings.max_concurrent_jobs, settings.plugins_dir,
                    log_level=logging.getLogger().level if log_level is None else log_level,
                    ready_timeout_s=settings.worker_ready_timeout_s if ready_timeout_s is None else ready_timeout_s,
@@ -182,7 +225,7 @@ class Pool:
                    max_tasks_per_child=settings.recycling.max_tasks_per_child,
                    max_memory_per_child_mb=settings.recycling.max_memory_per_child_mb,
                    log_format=settings.log_format, max_run_output_bytes=settings.max_run_output_bytes,
-                   cgroups_mode=settings.isolation.cgroups)
+                   cgroups_mode=settings.isolation.cgroups, borrow_good_plugins=borrow_good_plugins)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,7 +236,10 @@ class Pool:
         if self.cgroups is None:
             self.cgroups = cgroups.Parent.open(self.cgroups_mode)
         if self.keep_good_plugins and self.keep_dir is None:
-            self.keep_dir = tempfile.mkdtemp(prefix="mjsched-plugins-good-")
+            prefix = keep_dir_prefix(self.plugins_dir)
+            self.keep_dir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+            if self.borrow_good_plugins:
+                borrow_good_copies(prefix, self.keep_dir)
         for slot, worker in self.workers.items():
             if worker is None:
                 self._spawn(slot)

@@ -42,12 +42,18 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerC
         return pid
     with contextlib.suppress(BaseException):  # the watchdog never returns into the worker's code
         os.closerange(3, 1 << 16)  # hold no pipe of the worker's: its death must stay visible at once
-        worker = psutil.Process(worker_pid)
+        # /proc of another PID namespace (serve refuses to start there, an embedding may not): its pids are
+        # strangers', so the worker's parent is not read there (the supervisor's pid is probed by a signal 0)
+        # and the kill spares the tree walk (the cgroup and the worker's group are reached without /proc)
+        own_proc = proctree.foreign_proc() is None
+        worker = psutil.Process(worker_pid) if own_proc else None
         while True:
             time.sleep(PARENT_CHECK_INTERVAL_S)  # an outer loop polling the kernel, not a test sync
             if os.getppid() != worker_pid:
                 os._exit(0)  # the worker is gone (exited or killed): nothing left to guard
-            if worker.ppid() != supervisor_pid:
+            if worker is not None and worker.ppid() != supervisor_pid:
+                break
+            if worker is None and not proctree.exists(supervisor_pid):
                 break
             if busy.value and fence_at is not None and time.monotonic() > fence_at.value:
                 break
@@ -59,5 +65,10 @@ def start(supervisor_pid: int, busy: Any, fence_at: Any, cgroup: cgroups.WorkerC
                     cgroup.signal(signal.SIGXCPU, exclude={worker_pid, os.getpid()})
         if cgroup is not None:
             cgroup.kill(exclude={os.getpid()})
-        proctree.kill_tree(worker_pid)
+        if own_proc:
+            proctree.kill_tree(worker_pid)
+        else:
+            os.kill(worker_pid, signal.SIGKILL)
+            proctree.signal_group(worker_pid)
     os._exit(0)
+

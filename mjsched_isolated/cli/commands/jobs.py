@@ -26,25 +26,30 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("start_at", "end_at"):
         if key in fields:
             fields[key] = iso_arg("--" + key.replace("_", "-"), fields[key]) if fields[key] else None
-    for key in ("retry_on", "notify_recipients"):
-        if key in fields:
-            text = fields[key]
-            fields[key] = _comma_list("--" + key.replace("_", "-"), text)
-            if key == "retry_on" and fields[key]:
-                _check_retry_on(text, fields[key])
+    if "notify_recipients" in fields:
+        fields["notify_recipients"] = _comma_list("--notify-recipients", fields["notify_recipients"])
+    if "retry_on" in fields:
+        fields["retry_on"] = _retry_on(fields["retry_on"])
     return fields
 
 
-def _check_retry_on(text: str, items: list[str]) -> None:
-    """``--retry-on``'s items checked like :func:`jobspec.check` does (same fields, ``retry_on[<index>]``), but
-    echoing each item as typed, spaces included: each a known status, none twice."""
+def _retry_on(text: str) -> list[str]:
+    """``--retry-on``'s statuses, checked like :func:`jobspec.check` checks the API's and a jobs file's list
+    (same fields: ``retry_on``, ``retry_on[<index>]``), but echoing each item as typed, spaces included: at
+    least one, each a known status, none twice. ``''`` and ``' '`` are refused as ``retry_on=[]`` is (an
+    unset shell variable in quotes would otherwise mean the default)."""
+    if not text.strip():
+        raise InputError("retry_on", f"must list at least one status, got {text!r} (to retry nothing, set "
+                                     f"--max-retries 0; the default is {','.join(planner.RETRY_ON_DEFAULT)})")
     raw = text.split(",")
+    items = [item.strip() for item in raw]
     for i, item in enumerate(items):
         if item not in planner.RETRY_ON_CHOICES:
             raise InputError(f"retry_on[{i}]", f"must be one of {', '.join(planner.RETRY_ON_CHOICES)}, "
                                                f"got {raw[i]!r}")
         if item in items[:i]:
             raise InputError(f"retry_on[{i}]", f"{raw[i]!r} is listed twice (first as retry_on[{items.index(item)}])")
+    return items
 
 
 def _comma_list(flag: str, text: str) -> list[str] | None:

@@ -98,15 +98,18 @@ FOLLOW_POLL_S = 1.0  # the worker sends a live run's output about once a second
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """Print the run's output in order; with ``--follow``, keep printing until the run has ended."""
+    """Print the run's output in order; with ``--follow``, keep printing until the run has ended. On a
+    terminal, control characters are shown as escapes (:func:`render.visible`) unless ``--raw``; into a
+    pipe or a file the output is written as it was stored."""
     if not 0 < args.id < 2**63:
         raise NotFoundError("id", f"no run with id {args.id}")
+    escape = not args.raw and sys.stdout.isatty()
     with open_store(args) as store:
         after = -1
         while True:
             chunks, running = ops.run_output(store, args.id, after)
             for seq, text in chunks:
-                sys.stdout.write(text)
+                sys.stdout.write(render.visible(text) if escape else text)
                 after = seq
             sys.stdout.flush()
             if not (args.follow and running):

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from mjsched_isolated import config, cron, ops
+from mjsched_isolated import config, cron, ops, proctree
 from mjsched_isolated.cli import render
 from mjsched_isolated.cli.commands import iso_arg, open_store, utcnow
 from mjsched_isolated.cli.exits import Exit
@@ -32,6 +32,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings: config.Settings = args.settings
     if args.run_for is not None and not 0 <= args.run_for <= MAX_RUN_FOR_S:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
+    if (foreign_proc := proctree.foreign_proc()) is not None:  # every worker would be judged by a stranger's pid
+        raise InputError("/proc", foreign_proc)
     if settings.plugins_dir is not None and not Path(settings.plugins_dir).is_dir():
         # a wrong working directory or a host not yet updated: serving without its plugins would leave
         # (or, before, skip) every occurrence of their job types
