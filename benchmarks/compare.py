@@ -38,8 +38,8 @@ How each measurement is made, the same for both engines:
 ``--fleet 1,2,3``: the engine alone on PostgreSQL with 1, 2, 3 supervisors on one database (same workload,
 cap per supervisor). Each run also measures, in its window, the CPU per run of the database backends serving
 it (psutil, the backends found by their ``application_name`` in ``pg_stat_activity``), what those backends
-were doing (``pg_stat_activity`` every 20 ms: on a CPU, waiting for a lock, for the WAL, ...), its writing
-transactions per run (from the run rows) and the other load competing for the cores (runnable sessions).
+were doing (``pg_stat_activity`` every 20 ms: on a CPU, waiting for a lock, for the WAL, ...), the other load
+competing for the cores (runnable sessions), and before it the time to flush a commit (:func:`wal_flush_ms`).
 :func:`fleet_model` calibrates :class:`simulator.Fleet` on those runs, replays each on this machine's cores
 beside what it measured, and says what 1 to 16 supervisors would reach on cores of their own
 (``--db-cores`` for the server). ``--fleet-from FILE`` runs only the model, on the rows of an earlier
@@ -157,17 +157,7 @@ def measure(runs: list[dict], series: list[tuple[float, ...]], warmup_s: float, 
             "db_ms_per_run": per_run(cpu["db_cpu_s"]), "busy_pct": cpu["busy_pct"], "busy_cores": cpu["busy_cores"],
             "db_wait": {k: 1000 * v * window_s / n for k, v in states.items()} if n and states else {},
             "late_p50_ms": metrics.pct(late, 50), "late_p99_ms": metrics.pct(late, 99),
-            "commits_per_run": transactions(runs, t0, t1) / n if n and "started_at" in runs[0] else None,
             "dup": duplicates(runs), "t0": t0, "t1": t1}
-
-
-def transactions(runs: list[dict], t0: float, t1: float) -> int:
-    """The supervisors' writing transactions behind the runs started in ``[t0, t1)``, counted from the run rows:
-    a claim transaction dates all its runs' ``started_at`` with one instant and a group commit all its
-    results' ``completed_at`` with one (per supervisor instance)."""
-    inside = [r for r in runs if r.get("exec_at") and t0 <= r["exec_at"] < t1]
-    return (len({(r.get("instance"), r["started_at"]) for r in inside})
-            + len({(r.get("instance"), r["completed_at"]) for r in inside if r.get("completed_at")}))
 
 
 def _mmm(values: list) -> str:
@@ -214,6 +204,28 @@ def others_runnable(rows: list[tuple[float, int, int, int]], t0: float, t1: floa
     if not inside:
         return None
     return sum(o for o, _ in inside) / len(inside), sum(p for _, p in inside) / len(inside)
+
+
+def wal_flush_ms(url: str, commits: int = 60) -> float:
+    """The database's time to make a commit durable, measured: the median of ``commits`` one-row INSERTs each
+    committed on its own, through the bare driver, on a table made for it in ``url``'s schema (PostgreSQL:
+    the WAL flush, fsync, every writing transaction waits for; a little CPU besides)."""
+    import rawdb
+    conn = rawdb.bare_connect(url)
+    try:
+        conn.execute("CREATE TABLE wal_probe (i integer)")
+        conn.commit()
+        times = []
+        for i in range(commits):
+            began = time.perf_counter()
+            conn.execute("INSERT INTO wal_probe VALUES (%s)", (i,))
+            conn.commit()
+            times.append(1000 * (time.perf_counter() - began))
+        conn.execute("DROP TABLE wal_probe")
+        conn.commit()
+    finally:
+        conn.close()
+    return statistics.median(times)
 
 
 DB_SAMPLE_S = 0.02
@@ -385,6 +397,7 @@ def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, windo
         common = ["--db", ns.url, "--plugins", runner.PLUGINS_DIR]
         subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common,
                         "--log-level", "WARNING"], check=True, capture_output=True, timeout=600, cwd=tmp)
+        flush_ms = wal_flush_ms(ns.url) if backend == "postgresql" else None
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--log-level", log_level,
                "--max-concurrent-jobs", str(cap),
                "--lease-timeout-s", "60", "--run-for", str(FIRST_RUN_WITHIN_S + warmup_s + window_s + TAIL_S),
@@ -404,6 +417,7 @@ def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, windo
         if not any(r.get("exec_at") for r in runs):
             raise RuntimeError(f"no run recorded; serve's log:\n{(tmp / 'serve-0.log').read_text()[-2000:]}")
         row = measure(runs, sampler.series, warmup_s, window_s, activity.rows if activity else None)
+        row["wal_flush_ms"] = flush_ms
         row["others_runnable"], row["db_others_runnable"] = (
             others_runnable(sampler.runnable, row["t0"], row["t1"]) or (None, None))
         if activity:
@@ -533,21 +547,16 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
 
 # ---------------------------------------------------------------- fleet: the simulator calibrated on a real run
 
-def fleet_costs(row: dict, w: wl.Workload, flush_ms: float | None = None) -> simulator.FleetCosts:
+def fleet_costs(row: dict, w: wl.Workload, flush_ms: float) -> simulator.FleetCosts:
     """The model's costs per run from one measured fleet row: the supervisors', workers' and database backends'
-    CPU per run, the plugin's run time (the workload's mean) and one WAL flush, by default this row's commit
-    wait per transaction: backend time waiting for WAL IO or for the WAL write lock, per writing transaction
-    (:func:`transactions`)."""
-    if flush_ms is None:
-        flush_ms = commit_wait_ms(row)
+    CPU per run, the plugin's run time (the workload's mean) and ``flush_ms`` for one WAL flush."""
     return simulator.FleetCosts(sup_ms=row["sup_ms_per_run"], db_ms=row["db_ms_per_run"] or 0.0,
                                 wrk_ms=row["wrk_ms_per_run"], run_ms=w.runtime.mean_ms or 0.0, flush_ms=flush_ms)
 
 
 def commit_wait_ms(row: dict) -> float:
-    """A row's backend time waiting for its commits to be flushed, per writing transaction (ms)."""
-    wait = row["db_wait"].get("io", 0.0) + row["db_wait"].get("lwlock", 0.0)
-    return wait / row["commits_per_run"] if row.get("commits_per_run") else 0.0
+    """A row's backend time per run waiting for commits to be flushed (WAL IO and the WAL write lock), ms."""
+    return row["db_wait"].get("io", 0.0) + row["db_wait"].get("lwlock", 0.0)
 
 
 def grown(rows: list[dict], key: str) -> tuple[float, float]:
@@ -577,19 +586,20 @@ def fleet_model(rows: list[dict], w: wl.Workload, cap: int, sizes: list[int], db
       with the fleet's size as measured (``grown``, :func:`grown`), a workload more due runs than any of them
       starts; with the busy share of each resource at that throughput.
 
-    The WAL flush is the smallest fleet's commit wait per transaction (a lone supervisor rarely shares a
-    flush)."""
-    smallest = min(r["supervisors"] for r in rows)
-    flush_ms = statistics.median(commit_wait_ms(r) for r in rows if r["supervisors"] == smallest)
+    The WAL flush is the median of the rows' measured ones (:func:`wal_flush_ms`); each check row also gives
+    the backends' commit wait per run, measured and simulated."""
+    flush_ms = statistics.median(r["wal_flush_ms"] or 0.0 for r in rows)
     check = []
     for r in rows:
         costs = fleet_costs(r, w, flush_ms)
         spec = simulator.FleetSpec(supervisors=r["supervisors"], cap=cap, cores=float(os.cpu_count() or 1),
                                    others=r.get("others_runnable") or 0.0, db_others=r.get("db_others_runnable") or 0.0,
                                    horizon_s=horizon_s)
+        sim = simulator.Fleet(costs, spec).run()
         check.append({"supervisors": r["supervisors"], "measured": r["runs_per_s"], "loadavg_1m": r["loadavg_1m"],
                       "others_runnable": spec.others, "db_others_runnable": spec.db_others,
-                      "predicted": simulator.Fleet(costs, spec).run()["runs_per_s"]})
+                      "predicted": sim["runs_per_s"], "commit_wait_ms": commit_wait_ms(r),
+                      "sim_commit_wait_ms": sim["commit_wait_ms_per_run"]})
     base = {k: grown(rows, k) for k in ("sup_ms_per_run", "db_ms_per_run", "wrk_ms_per_run")}
     dedicated = []
     for n in sizes:
@@ -617,13 +627,14 @@ def fleet_report(model: dict) -> str:
     out = [f"calibration (per run, one supervisor; growth per added supervisor): supervisor CPU "
            f"{c['sup_ms_per_run']:.2f} ms (+{g['sup_ms_per_run']:.2f}), database backend CPU "
            f"{c['db_ms_per_run']:.2f} ms (+{g['db_ms_per_run']:.2f}), worker CPU {c['wrk_ms_per_run']:.2f} ms "
-           f"(+{g['wrk_ms_per_run']:.2f}); a WAL flush (commit wait per transaction) {model['flush_ms']:.2f} ms",
+           f"(+{g['wrk_ms_per_run']:.2f}); a WAL flush {model['flush_ms']:.2f} ms (median of the runs' probes)",
            "", "simulator on this machine's cores (each run's own costs and competing load) against the measurement:",
-           "", "| supervisors | measured runs/s | simulated | other runnable (PostgreSQL) | load 1m |",
-           "|---|---|---|---|---|"]
+           "", "| supervisors | measured runs/s | simulated | commit wait ms/run, measured | simulated | "
+           "other sessions runnable (PostgreSQL backends) | load 1m |", "|---|---|---|---|---|---|---|"]
     for r in model["check"]:
-        out.append(f"| {r['supervisors']} | {r['measured']:.0f} | {r['predicted']:.0f} | "
-                   f"{r['others_runnable']:.1f} ({r['db_others_runnable']:.1f}) | {r['loadavg_1m']:.1f} |")
+        out.append(f"| {r['supervisors']} | {r['measured']:.0f} | {r['predicted']:.0f} | {r['commit_wait_ms']:.2f} | "
+                   f"{r['sim_commit_wait_ms']:.2f} | {r['others_runnable']:.1f} ({r['db_others_runnable']:.1f}) | "
+                   f"{r['loadavg_1m']:.1f} |")
     out += ["", f"simulator, each supervisor and worker on a core of its own, the database server on "
             f"{model['db_cores']:g} cores (costs of one supervisor / grown with the fleet as measured; busy share "
             "of a supervisor's core, the server's cores and the WAL flush at the grown figure):", "",
@@ -650,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                     help="the engine's log level (default INFO, serve's own default)")
     ap.add_argument("--fleet", help="instead: comma-separated supervisor counts on PostgreSQL, engine only")
-    ap.add_argument("--fleet-from", help="instead: the simulator on the fleet rows of an earlier --fleet --json FILE")
+    ap.add_argument("--fleet-from", help="instead: the simulator on the fleet rows of earlier --fleet --json FILEs "
+                    "(comma-separated)")
     ap.add_argument("--db-cores", type=float, default=2.0,
                     help="--fleet: the database server's cores in the dedicated-core estimate (default 2)")
     ap.add_argument("--json", help="also write every row to this file")
@@ -684,8 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         w = msgspec.structs.replace(w, jobs=args.jobs)
     if args.fleet_from:
         try:
-            measured = [r for r in json.loads(Path(args.fleet_from).read_text())
-                        if r.get("engine") == "mjsched" and r.get("db_ms_per_run") is not None]
+            measured = [r for path in args.fleet_from.split(",") for r in json.loads(Path(path).read_text())
+                        if r.get("engine") == "mjsched" and r.get("wal_flush_ms") is not None]
         except (OSError, ValueError) as exc:
             ap.error(f"--fleet-from: {exc}")
         if not measured:
@@ -720,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
                                    window_s=args.window_s, supervisors=n, log_level=args.serve_log_level),
                       "rep": rep})
         print("\n" + table(rows))
-        model = fleet_model(rows, w, caps[0], sorted({*sizes, 1, 2, 3, 4, 6, 8, 12, 16}), args.db_cores)
+        model = fleet_model([r for r in rows if r.get("wal_flush_ms") is not None], w, caps[0],
+                            sorted({*sizes, 1, 2, 3, 4, 6, 8, 12, 16}), args.db_cores)
         print("\n" + fleet_report(model))
         rows.append({"fleet_model": model})
     else:

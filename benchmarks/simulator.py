@@ -442,9 +442,12 @@ class _WalFlush:
         self.busy = False
         self.next: list = []
         self.flushes = 0
+        self.since: dict[object, float] = {}
+        self.waited_s = 0.0
 
     def commit(self, t: float, proc: object) -> None:
         self.next.append(proc)
+        self.since[proc] = t
         if not self.busy:
             self._start(t)
 
@@ -456,6 +459,7 @@ class _WalFlush:
     def _done(self, t: float, batch: list) -> None:
         self.busy = False
         for proc in batch:
+            self.waited_s += t - self.since.pop(proc)
             self.fleet.resume(t, proc)
         if self.next:
             self._start(t)
@@ -571,8 +575,8 @@ class Fleet:
         self.wake(self.now, s)
 
     def run(self) -> dict:
-        """Simulate ``spec.horizon_s``; returns runs_per_s (started in the window), commits_per_run and
-        flushes_per_s."""
+        """Simulate ``spec.horizon_s``; returns runs_per_s (started in the window), commits_per_run,
+        commit_wait_ms_per_run (waiting for the WAL flush) and flushes_per_s."""
         spec = self.spec
         for s in range(spec.supervisors):
             self.procs[s] = self._supervisor(s)
@@ -582,7 +586,9 @@ class Fleet:
             fn(self.now, arg)
         window = spec.horizon_s - spec.warmup_s
         n = sum(spec.warmup_s <= t < spec.horizon_s for t in self.started)
-        return {"runs_per_s": n / window, "commits_per_run": self.commits / max(1, len(self.started)),
+        runs = max(1, len(self.started))
+        return {"runs_per_s": n / window, "commits_per_run": self.commits / runs,
+                "commit_wait_ms_per_run": 1000 * self.wal.waited_s / runs,
                 "flushes_per_s": self.wal.flushes / spec.horizon_s}
 
 

@@ -219,7 +219,7 @@ def test_fleet_model_group_commit_shares_flushes_and_cores_are_shared_by_session
 
 def _fleet_row(n: int, runs_per_s: float, sup: float, db: float) -> dict:
     return {"supervisors": n, "runs_per_s": runs_per_s, "sup_ms_per_run": sup, "db_ms_per_run": db,
-            "wrk_ms_per_run": 0.5, "db_wait": {"io": 0.4, "lwlock": 0.1}, "commits_per_run": 0.5,
+            "wrk_ms_per_run": 0.5, "db_wait": {"io": 0.4, "lwlock": 0.1}, "wal_flush_ms": 1.0 + n / 10,
             "others_runnable": 0.0, "db_others_runnable": 0.0, "loadavg_1m": 1.0}
 
 
@@ -229,7 +229,8 @@ def test_compare_fleet_model_calibrates_on_the_rows_and_grows_the_costs_with_the
                   "runtime": {"distribution": "fixed", "mean_ms": 1.0}})
     rows = [_fleet_row(1, 400, 0.5, 1.0), _fleet_row(2, 600, 0.6, 1.2), _fleet_row(3, 650, 0.7, 1.4)]
     model = compare.fleet_model(rows, w, cap=10, sizes=[1, 2, 8], db_cores=2.0, horizon_s=1.5)
-    assert model["flush_ms"] == pytest.approx(1.0)  # 0.5 ms waiting per run / 0.5 transactions per run
+    assert model["flush_ms"] == pytest.approx(1.2)  # the median of the runs' probes
+    assert model["check"][0]["commit_wait_ms"] == pytest.approx(0.5) and model["check"][0]["sim_commit_wait_ms"] > 0
     assert model["costs_1"]["db_ms_per_run"] == pytest.approx(1.0)
     assert model["growth_per_supervisor"]["db_ms_per_run"] == pytest.approx(0.2)
     assert [c["measured"] for c in model["check"]] == [400, 600, 650]
@@ -240,10 +241,7 @@ def test_compare_fleet_model_calibrates_on_the_rows_and_grows_the_costs_with_the
     assert "| 8 |" in compare.fleet_report(model)
 
 
-def test_compare_counts_transactions_and_database_states_from_the_run_rows():
-    runs = [{"job": f"j{i}", "scheduled_at": 0.0, "exec_at": 10.0 + i / 10, "started_at": 10.0 + i // 2,
-             "completed_at": 20.0, "instance": "a"} for i in range(6)]
-    assert compare.transactions(runs, 10.0, 11.0) == 3 + 1     # claims at 10, 11 and 12; one group commit
+def test_compare_counts_database_states_per_sample():
     rows = [(10.0 + i / 10, 1, 0, 0, 1, 0, 1) for i in range(10)]  # one backend on CPU, one waiting for IO
     assert compare.db_in_window(rows, 10.0, 11.0) == {"cpu": 1, "lock": 0, "lwlock": 0, "io": 1, "wait": 0,
                                                        "intx": 1}
@@ -266,6 +264,9 @@ def test_compare_db_activity_sees_only_the_benchmarks_backends(monkeypatch):
             wait_until(lambda: activity.rows, 10, "a pg_stat_activity sample")
         assert activity.pids == {conn.info.backend_pid}
         assert activity.rows[0][1:] == (0, 0, 0, 0, 0, 1)
+        conn.rollback()
+        assert compare.wal_flush_ms(ns.url, commits=5) > 0   # its table made and dropped in the schema
+        assert conn.execute("SELECT to_regclass('wal_probe')").fetchone() == (None,)
     finally:
         conn.close()
         other.close()
