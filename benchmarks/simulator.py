@@ -25,6 +25,10 @@ tests check both give the same runs). Rules modelled as in store.py / supervisor
   time. Batched paths send fewer round trips per run: pass the measured counts (``compare.py --fleet`` does).
 
 Not modelled: RunAll's ``max_catchup_runs`` bound in the fast path, start_at/end_at, manual runs, heartbeats.
+
+:class:`Fleet` is the other model here, for a fleet's throughput only: supervisors, workers and the database
+server's backends as processes on shared or dedicated cores, the WAL flush as group commit, with costs per
+run measured on a real fleet (``compare.py --fleet`` calibrates it and checks it against the runs).
 """
 
 from __future__ import annotations
