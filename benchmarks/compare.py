@@ -36,8 +36,14 @@ How each measurement is made, the same for both engines:
 * **Duplicates.** ``dup``: (job, scheduled instant) pairs with more than one run row (must be 0).
 
 ``--fleet 1,2,3``: the engine alone on PostgreSQL with 1, 2, 3 supervisors on one database (same workload,
-cap per supervisor), then :mod:`simulator` calibrated on the 1-supervisor run (its supervisor CPU per run,
-the rest of its time per run as database wait) says what N supervisors would reach on dedicated cores.
+cap per supervisor). Each run also measures, in its window, the CPU per run of the database backends serving
+it (psutil, the backends found by their ``application_name`` in ``pg_stat_activity``), what those backends
+were doing (``pg_stat_activity`` every 20 ms: on a CPU, waiting for a lock, for the WAL, ...), the other load
+competing for the cores (runnable sessions), and before it the time to flush a commit (:func:`wal_flush_ms`).
+:func:`fleet_model` calibrates :class:`simulator.Fleet` on those runs, replays each on this machine's cores
+beside what it measured, and says what 1 to 16 supervisors would reach on cores of their own
+(``--db-cores`` for the server). ``--fleet-from FILE`` runs only the model, on the rows of an earlier
+``--fleet ... --json FILE``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import metrics
 import runner
+import simulator
 import workload as wl
 
 SAMPLE_S = 0.2
@@ -107,7 +114,9 @@ def cpu_in_window(series: list[tuple[float, ...]], t0: float, t1: float) -> dict
     def delta(col: int) -> float:
         return at(series, t1, col) - at(series, t0, col)
     total = delta(4)
-    return {"sup_cpu_s": delta(1), "wrk_cpu_s": delta(2), "busy_pct": 100 * delta(3) / total if total else None}
+    return {"sup_cpu_s": delta(1), "wrk_cpu_s": delta(2), "busy_pct": 100 * delta(3) / total if total else None,
+            "busy_cores": delta(3) / (t1 - t0) if t1 > t0 else None,
+            "db_cpu_s": delta(5) if len(series[0]) > 5 else None}
 
 
 def duplicates(runs: list[dict]) -> int:
@@ -115,14 +124,28 @@ def duplicates(runs: list[dict]) -> int:
     return sum(n - 1 for n in Counter((r["job"], r["scheduled_at"]) for r in runs).values() if n > 1)
 
 
-def measure(runs: list[dict], series: list[tuple[float, ...]], warmup_s: float, window_s: float) -> dict:
+def db_in_window(rows: list[tuple], t0: float, t1: float) -> dict:
+    """From :class:`DbActivity` rows: the mean number of backends in each state over the samples in
+    ``[t0, t1)`` (backend-seconds per second), keyed by :data:`DB_STATES`; {} without samples there."""
+    inside = [r for r in rows if t0 <= r[0] < t1]
+    if not inside:
+        return {}
+    return {state: sum(r[i + 1] for r in inside) / len(inside) for i, state in enumerate(DB_STATES)}
+
+
+def measure(runs: list[dict], series: list[tuple[float, ...]], warmup_s: float, window_s: float,
+            activity: list[tuple] | None = None) -> dict:
     """The row of one measurement from its runs (``exec_at``: the job's own start; ``completed_at``) and the
-    sampler's series: runs, runs_per_s, done_per_s, sup_ms_per_run, wrk_ms_per_run, busy_pct, late_p50_ms,
-    dup, t0, t1."""
+    sampler's series: runs, runs_per_s, done_per_s, sup_ms_per_run, wrk_ms_per_run, busy_pct, busy_cores,
+    late_p50_ms, dup, t0, t1; with a sixth series column (:class:`Sampler` given the backends) db_ms_per_run,
+    the database backends' CPU; with ``activity`` (:class:`DbActivity` rows) ``db_wait``: per run, the
+    backend-milliseconds spent in each of :data:`DB_STATES`."""
     starts = [r["exec_at"] for r in runs if r.get("exec_at")]
     t0, t1 = window(starts, warmup_s, window_s)
     n = in_window(starts, t0, t1)
-    cpu = cpu_in_window(series, t0, t1) if series else {"sup_cpu_s": None, "wrk_cpu_s": None, "busy_pct": None}
+    cpu = cpu_in_window(series, t0, t1) if series else {"sup_cpu_s": None, "wrk_cpu_s": None, "busy_pct": None,
+                                                         "busy_cores": None, "db_cpu_s": None}
+    states = db_in_window(activity or [], t0, t1)
     late = [(r["exec_at"] - r["scheduled_at"]) * 1000 for r in runs
             if r.get("exec_at") and r["scheduled_at"] is not None and t0 <= r["exec_at"] < t1]
 
@@ -131,7 +154,9 @@ def measure(runs: list[dict], series: list[tuple[float, ...]], warmup_s: float, 
     return {"runs": n, "runs_per_s": n / window_s,
             "done_per_s": in_window([r.get("completed_at") for r in runs], t0, t1) / window_s,
             "sup_ms_per_run": per_run(cpu["sup_cpu_s"]), "wrk_ms_per_run": per_run(cpu["wrk_cpu_s"]),
-            "busy_pct": cpu["busy_pct"], "late_p50_ms": metrics.pct(late, 50), "late_p99_ms": metrics.pct(late, 99),
+            "db_ms_per_run": per_run(cpu["db_cpu_s"]), "busy_pct": cpu["busy_pct"], "busy_cores": cpu["busy_cores"],
+            "db_wait": {k: 1000 * v * window_s / n for k, v in states.items()} if n and states else {},
+            "late_p50_ms": metrics.pct(late, 50), "late_p99_ms": metrics.pct(late, 99),
             "dup": duplicates(runs), "t0": t0, "t1": t1}
 
 
@@ -170,17 +195,107 @@ def table(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------- processes
 
+def others_runnable(rows: list[tuple[float, int, int, int]], t0: float, t1: float) -> tuple[float, float] | None:
+    """From :attr:`Sampler.runnable`: over ``[t0, t1)``, the mean number of sessions with a runnable process
+    that is not the fleet's nor PostgreSQL's, and of PostgreSQL's runnable backends serving others (other load
+    competing for the cores: the kernel shares them fairly between sessions, its autogroups; PostgreSQL's
+    backends are all in the server's session)."""
+    inside = [(others, pg) for t, others, pg, _ours in rows if t0 <= t < t1]
+    if not inside:
+        return None
+    return sum(o for o, _ in inside) / len(inside), sum(p for _, p in inside) / len(inside)
+
+
+def wal_flush_ms(url: str, commits: int = 60) -> float:
+    """The database's time to make a commit durable, measured: the median of ``commits`` one-row INSERTs each
+    committed on its own, through the bare driver, on a table made for it in ``url``'s schema (PostgreSQL:
+    the WAL flush, fsync, every writing transaction waits for; a little CPU besides)."""
+    import rawdb
+    conn = rawdb.bare_connect(url)
+    try:
+        conn.execute("CREATE TABLE wal_probe (i integer)")
+        conn.commit()
+        times = []
+        for i in range(commits):
+            began = time.perf_counter()
+            conn.execute("INSERT INTO wal_probe VALUES (%s)", (i,))
+            conn.commit()
+            times.append(1000 * (time.perf_counter() - began))
+        conn.execute("DROP TABLE wal_probe")
+        conn.commit()
+    finally:
+        conn.close()
+    return statistics.median(times)
+
+
+DB_SAMPLE_S = 0.02
+# pg_stat_activity's wait_event_type of an active backend -> the column it is counted in (None: on a CPU or
+# waiting for one; anything else: "wait")
+WAITS = {None: "cpu", "Lock": "lock", "LWLock": "lwlock", "IO": "io"}
+DB_STATES = ("cpu", "lock", "lwlock", "io", "wait", "intx")
+
+
+class DbActivity:
+    """The PostgreSQL backends of one benchmark's schema (their ``application_name``, :class:`runner.Namespace`)
+    sampled every ``DB_SAMPLE_S`` from ``pg_stat_activity`` in a thread, on a connection of its own: ``rows``
+    of ``(t, backends on a CPU or runnable, waiting for a heavyweight Lock, for an LWLock, for IO, for anything
+    else, idle in a transaction)``, ``events`` (wait events counted over all samples) and ``pids`` (every
+    backend seen: :class:`Sampler` reads their CPU)."""
+
+    def __init__(self, name: str) -> None:
+        import rawdb
+        self.name = name
+        self.conn = rawdb.bare_connect(runner.POSTGRES_URL)
+        self.conn.autocommit = True  # each sample a statement, and a snapshot, of its own
+        self.rows: list[tuple] = []
+        self.events: Counter = Counter()
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> DbActivity:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.conn.close()
+
+    def _loop(self) -> None:
+        cur = self.conn.cursor()
+        while not self._stop.wait(DB_SAMPLE_S):
+            cur.execute("SELECT pid, state, wait_event_type, wait_event FROM pg_stat_activity "
+                        "WHERE application_name = %s", (self.name,))
+            t, counts = time.time(), dict.fromkeys(DB_STATES, 0)
+            for pid, state, wtype, event in cur.fetchall():
+                self.pids.add(pid)
+                if state == "active":
+                    counts[WAITS.get(wtype, "wait")] += 1
+                    if wtype is not None:
+                        self.events[f"{wtype}:{event}"] += 1
+                elif state == "idle in transaction":
+                    counts["intx"] += 1
+            self.rows.append((t, *counts.values()))
+
+
 class Sampler:
     """psutil samples of a root process and all its descendants every ``SAMPLE_S``: rows ``(t, root CPU s,
     descendants' CPU s, machine busy CPU s, machine total CPU s)``; a descendant's CPU is its last sampled
     value (it keeps counting after it exits). ``seen``: every descendant ever sampled (psutil.Process)."""
 
-    def __init__(self, root_pids: list[int]) -> None:
+    def __init__(self, root_pids: list[int], backends: DbActivity | None = None) -> None:
         self.roots = [psutil.Process(pid) for pid in root_pids]
         self.root_cpu = {p.pid: 0.0 for p in self.roots}
         self.seen: dict[int, psutil.Process] = {}
         self.kid_cpu: dict[int, float] = {}
         self.series: list[tuple[float, ...]] = []
+        self.backends = backends  # with it, a sixth column: the CPU s of the database backends serving them
+        self.db_procs: dict[int, psutil.Process] = {}
+        self.db_cpu: dict[int, float] = {}
+        # with the backends: (t, sessions of other load with a runnable process, runnable backends serving
+        # others, runnable processes of the fleet)
+        self.runnable: list[tuple[float, int, int, int]] = []
 
     def sample(self) -> None:
         now = time.time()
@@ -201,7 +316,37 @@ class Sampler:
         machine = psutil.cpu_times()
         total = sum(machine)
         idle = machine.idle + getattr(machine, "iowait", 0.0)
-        self.series.append((now, sum(self.root_cpu.values()), sum(self.kid_cpu.values()), total - idle, total))
+        row = (now, sum(self.root_cpu.values()), sum(self.kid_cpu.values()), total - idle, total)
+        if self.backends is not None:
+            for pid in self.backends.pids - self.db_procs.keys():
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    self.db_procs[pid] = psutil.Process(pid)
+            for pid, proc in self.db_procs.items():
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    cpu = proc.cpu_times()
+                    self.db_cpu[pid] = cpu.user + cpu.system
+            row += (sum(self.db_cpu.values()),)
+        self.series.append(row)
+        if self.backends is not None:
+            self.runnable.append((now, *self._runnable()))
+
+    def _runnable(self) -> tuple[int, int, int]:
+        """Runnable now: (sessions of other processes - the kernel shares the cores fairly between sessions, its
+        autogroups -, PostgreSQL's backends serving others, the fleet's processes); this one left out."""
+        mine = {p.pid for p in self.roots} | self.seen.keys() | self.db_procs.keys()
+        sessions: set[int] = set()
+        pg = ours = 0
+        for proc in psutil.process_iter(["name", "status"]):
+            if proc.info["status"] != psutil.STATUS_RUNNING or proc.pid == os.getpid():
+                continue
+            if proc.pid in mine:
+                ours += 1
+            elif proc.info["name"] == "postgres":
+                pg += 1
+            else:
+                with contextlib.suppress(OSError):
+                    sessions.add(os.getsid(proc.pid))
+        return len(sessions), pg, ours
 
     def follow(self, procs: list[subprocess.Popen], timeout_s: float) -> None:
         """Sample until every process in ``procs`` has exited (SIGKILL them after ``timeout_s``)."""
@@ -252,6 +397,7 @@ def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, windo
         common = ["--db", ns.url, "--plugins", runner.PLUGINS_DIR]
         subprocess.run([sys.executable, "-m", "mjsched_isolated", "jobs", "sync", str(tmp / "jobs.toml"), *common,
                         "--log-level", "WARNING"], check=True, capture_output=True, timeout=600, cwd=tmp)
+        flush_ms = wal_flush_ms(ns.url) if backend == "postgresql" else None
         cmd = [sys.executable, "-m", "mjsched_isolated", "serve", *common, "--log-level", log_level,
                "--max-concurrent-jobs", str(cap),
                "--lease-timeout-s", "60", "--run-for", str(FIRST_RUN_WITHIN_S + warmup_s + window_s + TAIL_S),
@@ -260,16 +406,22 @@ def run_engine(w: wl.Workload, *, cap: int, backend: str, warmup_s: float, windo
             logs = [stack.enter_context(open(tmp / f"serve-{i}.log", "wb")) for i in range(supervisors)]
             procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
                      for log in logs]
-        sampler = Sampler([p.pid for p in procs])
-        stopped_at = _stop_after_first_run(ns.url, procs, sampler, warmup_s + window_s + TAIL_S)
-        sampler.follow(procs, 120)
+        with DbActivity(ns.name) if backend == "postgresql" else contextlib.nullcontext() as activity:
+            sampler = Sampler([p.pid for p in procs], activity)
+            stopped_at = _stop_after_first_run(ns.url, procs, sampler, warmup_s + window_s + TAIL_S)
+            sampler.follow(procs, 120)
         left = sampler.kill_leftovers(procs)
         if left:
             print(f"  left behind by serve (killed): {left}", flush=True)
         runs, _ = runner.read_runs(ns.url, specs)
         if not any(r.get("exec_at") for r in runs):
             raise RuntimeError(f"no run recorded; serve's log:\n{(tmp / 'serve-0.log').read_text()[-2000:]}")
-        row = measure(runs, sampler.series, warmup_s, window_s)
+        row = measure(runs, sampler.series, warmup_s, window_s, activity.rows if activity else None)
+        row["wal_flush_ms"] = flush_ms
+        row["others_runnable"], row["db_others_runnable"] = (
+            others_runnable(sampler.runnable, row["t0"], row["t1"]) or (None, None))
+        if activity:
+            row["db_events"] = dict(activity.events.most_common(8))
         if stopped_at is None or row["t1"] > stopped_at:
             raise RuntimeError("the window ends after serve was stopped (its first run came too late?)")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -395,44 +547,104 @@ def run_aps(w: wl.Workload, w_path: str, *, cap: int, backend: str, warmup_s: fl
 
 # ---------------------------------------------------------------- fleet: the simulator calibrated on a real run
 
-def fleet_prediction(w: wl.Workload, one: dict, stmt_ms: float, sizes: list[int], cap: int,
-                     horizon_s: float = 12.0, trips_per_run: float = 5.0) -> list[dict]:
-    """What ``sizes`` supervisors would reach each on a core of its own (simulator), calibrated on ``one`` (a
-    saturated 1-supervisor row: its supervisor CPU per run, split between claim and finish) and ``stmt_ms``
-    (the database's time per statement, measured with the bare driver: ``rawdb.bare_limit``'s ms per run / 5
-    statements). ``trips_per_run``: the supervisor's round trips per run, measured (``cpu_per_run.py
-    --statements``'s count; 5 was the per-row path's), split evenly between claim and finish as its CPU is.
-    The database's own contention is not modelled: read it as the fleet's ceiling if the database server keeps
-    up."""
-    import simulator
-    cpu_ms = one["sup_ms_per_run"] or 0.0
-    rows = []
+def fleet_costs(row: dict, w: wl.Workload, flush_ms: float) -> simulator.FleetCosts:
+    """The model's costs per run from one measured fleet row: the supervisors', workers' and database backends'
+    CPU per run, the plugin's run time (the workload's mean) and ``flush_ms`` for one WAL flush."""
+    return simulator.FleetCosts(sup_ms=row["sup_ms_per_run"], db_ms=row["db_ms_per_run"] or 0.0,
+                                wrk_ms=row["wrk_ms_per_run"], run_ms=w.runtime.mean_ms or 0.0, flush_ms=flush_ms)
+
+
+def commit_wait_ms(row: dict) -> float:
+    """A row's backend time per run waiting for commits to be flushed (WAL IO and the WAL write lock), ms."""
+    return row["db_wait"].get("io", 0.0) + row["db_wait"].get("lwlock", 0.0)
+
+
+def grown(rows: list[dict], key: str) -> tuple[float, float]:
+    """(value at one supervisor, growth per added supervisor) of ``key``, least squares over ``rows``' medians
+    by supervisor count, the growth not negative: how contention raises a cost with the fleet's size."""
+    by_n: dict[int, list[float]] = {}
+    for r in rows:
+        by_n.setdefault(r["supervisors"], []).append(r[key] or 0.0)
+    pts = [(n, statistics.median(v)) for n, v in sorted(by_n.items())]
+    if len(pts) < 2:
+        return pts[0][1], 0.0
+    mx, my = statistics.fmean(n for n, _ in pts), statistics.fmean(v for _, v in pts)
+    slope = max(0.0, sum((n - mx) * (v - my) for n, v in pts) / sum((n - mx) ** 2 for n, _ in pts))
+    return my - slope * (mx - 1), slope
+
+
+def fleet_model(rows: list[dict], w: wl.Workload, cap: int, sizes: list[int], db_cores: float,
+                horizon_s: float = 3.0) -> dict:
+    """The simulator (:class:`simulator.Fleet`) calibrated on the measured fleet ``rows`` (PostgreSQL, one per
+    supervisor count and repetition):
+
+    * ``check``: each measured row replayed on this machine's cores, with its own costs per run and the other
+      load that competed for the cores in its window (runnable processes: :func:`others_runnable`), beside
+      what it measured;
+    * ``dedicated``: ``sizes`` supervisors each on a core of its own (and each worker), the database server's
+      backends on ``db_cores``, with the costs of the one-supervisor runs (``flat``) and with each cost grown
+      with the fleet's size as measured (``grown``, :func:`grown`), a workload more due runs than any of them
+      starts; with the busy share of each resource at that throughput.
+
+    The WAL flush is the median of the rows' measured ones (:func:`wal_flush_ms`); each check row also gives
+    the backends' commit wait per run, measured and simulated."""
+    flush_ms = statistics.median(r["wal_flush_ms"] or 0.0 for r in rows)
+    check = []
+    for r in rows:
+        costs = fleet_costs(r, w, flush_ms)
+        spec = simulator.FleetSpec(supervisors=r["supervisors"], cap=cap, cores=float(os.cpu_count() or 1),
+                                   others=r.get("others_runnable") or 0.0, db_others=r.get("db_others_runnable") or 0.0,
+                                   horizon_s=horizon_s)
+        sim = simulator.Fleet(costs, spec).run()
+        check.append({"supervisors": r["supervisors"], "measured": r["runs_per_s"], "loadavg_1m": r["loadavg_1m"],
+                      "others_runnable": spec.others, "db_others_runnable": spec.db_others,
+                      "predicted": sim["runs_per_s"], "commit_wait_ms": commit_wait_ms(r),
+                      "sim_commit_wait_ms": sim["commit_wait_ms_per_run"]})
+    base = {k: grown(rows, k) for k in ("sup_ms_per_run", "db_ms_per_run", "wrk_ms_per_run")}
+    dedicated = []
     for n in sizes:
-        cfg = simulator.SimConfig(supervisors=n, cap=cap, lease_timeout_s=60.0, horizon_s=horizon_s,
-                                  claim_ms=cpu_ms / 2, finish_ms=cpu_ms / 2, stmt_ms=stmt_ms, respawn_s=0.1,
-                                  claim_stmts=trips_per_run / 2, finish_stmts=trips_per_run / 2)
-        sim = simulator.Simulator(w, cfg)
-        sim.run()
-        t0 = cfg.start + 3.0
-        starts = [r["started_at"] for r in sim.runs if r["started_at"] is not None]
-        rows.append({"supervisors": n, "sim_runs_per_s": in_window(starts, t0, cfg.start + horizon_s - 1)
-                     / (horizon_s - 4.0), "claim_finish_cpu_ms": cpu_ms, "stmt_ms": stmt_ms,
-                     "trips_per_run": trips_per_run})
-    return rows
+        row = {"supervisors": n}
+        for label, extra in (("flat", 0), ("grown", n - 1)):
+            costs = simulator.FleetCosts(sup_ms=base["sup_ms_per_run"][0] + extra * base["sup_ms_per_run"][1],
+                                         db_ms=base["db_ms_per_run"][0] + extra * base["db_ms_per_run"][1],
+                                         wrk_ms=base["wrk_ms_per_run"][0] + extra * base["wrk_ms_per_run"][1],
+                                         run_ms=w.runtime.mean_ms or 0.0, flush_ms=flush_ms)
+            x = simulator.Fleet(costs, simulator.FleetSpec(supervisors=n, cap=cap, db_cores=db_cores,
+                                                           horizon_s=horizon_s)).run()
+            row[label] = x["runs_per_s"]
+            row[f"{label}_busy"] = {"supervisor": x["runs_per_s"] * costs.sup_ms / 1000 / n,
+                                    "database_cpu": x["runs_per_s"] * costs.db_ms / 1000 / db_cores,
+                                    "wal_flush": x["flushes_per_s"] * flush_ms / 1000}
+        dedicated.append(row)
+    return {"flush_ms": flush_ms, "costs_1": {k: v[0] for k, v in base.items()},
+            "growth_per_supervisor": {k: v[1] for k, v in base.items()}, "db_cores": db_cores,
+            "check": check, "dedicated": dedicated}
 
 
-def measured_trips_per_run(cap: int, runs: int = 500) -> float:
-    """The supervisor's round trips per run on PostgreSQL (``cpu_per_run.py --statements``, in this process,
-    ``runs`` trivial runs at ``cap``)."""
-    import cpu_per_run
-    ns = runner.Namespace("postgresql", Path(tempfile.gettempdir()))
-    stderr = sys.stderr
-    try:
-        row = cpu_per_run.drive(runs, cap, "WARNING", False, "rusage", 0, ns.url, statements=True)
-    finally:
-        sys.stderr = stderr
-        ns.drop()
-    return row["round_trips"]["total"] / runs
+def fleet_report(model: dict) -> str:
+    """Markdown: the calibration, the check against the measured runs, the dedicated-core estimate."""
+    c, g = model["costs_1"], model["growth_per_supervisor"]
+    out = [f"calibration (per run, one supervisor; growth per added supervisor): supervisor CPU "
+           f"{c['sup_ms_per_run']:.2f} ms (+{g['sup_ms_per_run']:.2f}), database backend CPU "
+           f"{c['db_ms_per_run']:.2f} ms (+{g['db_ms_per_run']:.2f}), worker CPU {c['wrk_ms_per_run']:.2f} ms "
+           f"(+{g['wrk_ms_per_run']:.2f}); a WAL flush {model['flush_ms']:.2f} ms (median of the runs' probes)",
+           "", "simulator on this machine's cores (each run's own costs and competing load) against the measurement:",
+           "", "| supervisors | measured runs/s | simulated | commit wait ms/run, measured | simulated | "
+           "other sessions runnable (PostgreSQL backends) | load 1m |", "|---|---|---|---|---|---|---|"]
+    for r in model["check"]:
+        out.append(f"| {r['supervisors']} | {r['measured']:.0f} | {r['predicted']:.0f} | {r['commit_wait_ms']:.2f} | "
+                   f"{r['sim_commit_wait_ms']:.2f} | {r['others_runnable']:.1f} ({r['db_others_runnable']:.1f}) | "
+                   f"{r['loadavg_1m']:.1f} |")
+    out += ["", f"simulator, each supervisor and worker on a core of its own, the database server on "
+            f"{model['db_cores']:g} cores (costs of one supervisor / grown with the fleet as measured; busy share "
+            "of a supervisor's core, the server's cores and the WAL flush at the grown figure):", "",
+            "| supervisors | runs/s | runs/s, costs grown | supervisor | database CPU | WAL flush |",
+            "|---|---|---|---|---|---|"]
+    for r in model["dedicated"]:
+        b = r["grown_busy"]
+        out.append(f"| {r['supervisors']} | {r['flat']:.0f} | {r['grown']:.0f} | {100 * b['supervisor']:.0f} % | "
+                   f"{100 * b['database_cpu']:.0f} % | {100 * b['wal_flush']:.0f} % |")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                     help="the engine's log level (default INFO, serve's own default)")
     ap.add_argument("--fleet", help="instead: comma-separated supervisor counts on PostgreSQL, engine only")
+    ap.add_argument("--fleet-from", help="instead: the simulator on the fleet rows of earlier --fleet --json FILEs "
+                    "(comma-separated)")
+    ap.add_argument("--db-cores", type=float, default=2.0,
+                    help="--fleet: the database server's cores in the dedicated-core estimate (default 2)")
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--aps-child", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -478,6 +694,16 @@ def main(argv: list[str] | None = None) -> int:
     w = wl.load_or_exit(args.workload)
     if args.jobs is not None:
         w = msgspec.structs.replace(w, jobs=args.jobs)
+    if args.fleet_from:
+        try:
+            measured = [r for path in args.fleet_from.split(",") for r in json.loads(Path(path).read_text())
+                        if r.get("engine") == "mjsched" and r.get("wal_flush_ms") is not None]
+        except (OSError, ValueError) as exc:
+            ap.error(f"--fleet-from: {exc}")
+        if not measured:
+            ap.error(f"--fleet-from: no fleet rows with the database's figures in {args.fleet_from}")
+        print(fleet_report(fleet_model(measured, w, caps[0], sorted({1, 2, 3, 4, 6, 8, 12, 16}), args.db_cores)))
+        return 0
     if "postgresql" in backends or args.fleet:
         try:
             runner.Namespace("postgresql", Path(tempfile.gettempdir())).drop()
@@ -492,7 +718,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"  {row['engine']:11} {row['backend']:10} cap {row['cap']:>3} x{row['supervisors']}: "
               f"{row['runs_per_s']:7.1f} runs/s, {row['done_per_s']:7.1f} done/s, sup {row['sup_ms_per_run'] or 0:.2f} "
-              f"wrk {row['wrk_ms_per_run'] or 0:.2f} ms/run, dup {row['dup']}, left {row['left']}, "
+              f"wrk {row['wrk_ms_per_run'] or 0:.2f} ms/run, "
+              + (f"db {row['db_ms_per_run']:.2f} ms/run (waits " + ", ".join(
+                  f"{k} {v:.2f}" for k, v in row["db_wait"].items()) + "), " if row.get("db_ms_per_run") else "")
+              + f"busy {row['busy_pct'] or 0:.0f} %, dup {row['dup']}, left {row['left']}, "
               f"load {row['loadavg_1m']:.1f} ({time.time() - began:.0f} s)", flush=True)
 
     if args.fleet:
@@ -503,23 +732,10 @@ def main(argv: list[str] | None = None) -> int:
                                    window_s=args.window_s, supervisors=n, log_level=args.serve_log_level),
                       "rep": rep})
         print("\n" + table(rows))
-        ones = [r for r in rows if r["supervisors"] == 1]
-        if ones:
-            import rawdb
-            bare = rawdb.bare_limit(500, "postgresql")
-            one = sorted(ones, key=lambda r: r["runs_per_s"])[len(ones) // 2]
-            trips = measured_trips_per_run(caps[0])
-            pred = fleet_prediction(w, one, bare["ms_per_run_p50"] / 5, sorted({*sizes, 10}), caps[0],
-                                    trips_per_run=trips)
-            print("\nsimulator, calibrated with the median 1-supervisor run's supervisor CPU per run, the "
-                  "database time per statement measured with the bare driver and the round trips per run "
-                  "counted by cpu_per_run.py --statements "
-                  f"({pred[0]['claim_finish_cpu_ms']:.2f} ms CPU + {trips:.2f} x {pred[0]['stmt_ms']:.2f} ms per run), "
-                  "each supervisor on a core of its own, the database server not contended:")
-            print("\n| supervisors | simulated runs/s |\n|---|---|")
-            for p in pred:
-                print(f"| {p['supervisors']} | {p['sim_runs_per_s']:.0f} |")
-            rows.append({"fleet_prediction": pred, "bare": bare})
+        model = fleet_model([r for r in rows if r.get("wal_flush_ms") is not None], w, caps[0],
+                            sorted({*sizes, 1, 2, 3, 4, 6, 8, 12, 16}), args.db_cores)
+        print("\n" + fleet_report(model))
+        rows.append({"fleet_model": model})
     else:
         for rep in range(args.reps):
             order = engines if rep % 2 == 0 else engines[::-1]

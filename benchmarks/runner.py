@@ -40,7 +40,8 @@ SAMPLE_S = 0.1
 
 class Namespace:
     """A fresh database for one measurement: a SQLite file in a temp dir, or a PostgreSQL schema
-    (selected via search_path). ``url``; :meth:`drop` removes it."""
+    (selected via search_path; its connections carry the schema's name as their ``application_name``, so
+    ``pg_stat_activity`` tells their backends from other clients'). ``url``; :meth:`drop` removes it."""
 
     def __init__(self, backend: str, tmp: Path) -> None:
         self.backend, self.admin, self.name = backend, None, None
@@ -51,8 +52,9 @@ class Namespace:
         self.admin = sa.create_engine(POSTGRES_URL)
         with self.admin.begin() as conn:
             conn.exec_driver_sql(f"CREATE SCHEMA {self.name}")
+        options = f"-csearch_path={self.name} -capplication_name={self.name}"
         self.url = sa.engine.make_url(POSTGRES_URL).update_query_dict(
-            {"options": f"-csearch_path={self.name}"}).render_as_string(hide_password=False)
+            {"options": options}).render_as_string(hide_password=False)
 
     def drop(self) -> None:
         if self.admin is not None:

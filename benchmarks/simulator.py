@@ -25,6 +25,10 @@ tests check both give the same runs). Rules modelled as in store.py / supervisor
   time. Batched paths send fewer round trips per run: pass the measured counts (``compare.py --fleet`` does).
 
 Not modelled: RunAll's ``max_catchup_runs`` bound in the fast path, start_at/end_at, manual runs, heartbeats.
+
+:class:`Fleet` is the other model here, for a fleet's throughput only: supervisors, workers and the database
+server's backends as processes on shared or dedicated cores, the WAL flush as group commit, with costs per
+run measured on a real fleet (``compare.py --fleet`` calibrates it and checks it against the runs).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import datetime as dt
 import heapq
 import json
 import math
+import random
 import sys
 import time
 from array import array
@@ -321,6 +326,279 @@ class Simulator:
                                "late_p99_ms": metrics.pct(list(v["late"]), 99), "late_max_ms": max(v["late"])}
                            for h, v in sorted(self.hourly.items())}
         return out
+
+
+# -- the fleet's throughput: supervisors, workers and the database server as resources ------------------------
+
+class FleetCosts(msgspec.Struct, kw_only=True):
+    """What one run costs, measured on a real fleet (``compare.py --fleet``), in ms: ``sup_ms`` the supervisor's
+    CPU, ``db_ms`` its database backend's CPU, ``wrk_ms`` the worker's CPU, ``run_ms`` the plugin's own time (a
+    sleep: no CPU); ``flush_ms`` one WAL flush of the database server (its fsync: every transaction that wrote
+    waits for the flush that covers its commit record; no CPU)."""
+
+    sup_ms: float
+    db_ms: float
+    wrk_ms: float
+    run_ms: float = 1.0
+    flush_ms: float = 0.0
+
+
+class FleetSpec(msgspec.Struct, kw_only=True):
+    """``cores``: every process shares this many cores, as on the measured machine (each supervisor and each
+    worker a session of its own, the database server's backends one session; ``others`` runnable tasks of
+    other load, each a session, and ``db_others`` runnable backends serving other clients); None: dedicated
+    cores - each supervisor on a core of its own, each worker on one of its own, the database server's
+    backends sharing ``db_cores``. ``demand``: due runs per second (None: more than any fleet starts). Runs
+    started in ``[warmup_s, horizon_s)`` are counted."""
+
+    supervisors: int
+    cap: int = 10
+    cores: float | None = None
+    others: float = 0.0
+    db_others: float = 0.0
+    db_cores: float = 2.0
+    demand: float | None = None
+    horizon_s: float = 3.0
+    warmup_s: float = 0.5
+    seed: int = 1
+
+
+def fair_shares(cores: float, groups: list[tuple[float, float]]) -> list[float]:
+    """Max-min fair split of ``cores`` among ``groups`` of (runnable tasks, how many such groups): each group
+    gets an equal share but at most a core per runnable task, and what a group cannot use goes to the others -
+    Linux's CFS between autogroups (one per session). Returns each group's cores (per group, not per entry)."""
+    order = sorted(range(len(groups)), key=lambda i: groups[i][0])
+    out = [0.0] * len(groups)
+    left, weight = cores, sum(w for _, w in groups)
+    for i in order:
+        tasks, w = groups[i]
+        if weight <= 0:
+            break
+        share = left / weight
+        out[i] = min(tasks, share)
+        left -= out[i] * w
+        weight -= w
+    return out
+
+
+class _Shared:
+    """Cores shared as the kernel shares them: every burst is a runnable task of a group (a session: the kernel's
+    autogroup); the groups with a runnable task split ``cores`` max-min fairly (:func:`fair_shares`), a
+    group's tasks split its share equally, a task using a core at most. ``others``: runnable tasks of other
+    load, each a group of its own; ``extra``: group -> runnable tasks of other load inside that group (the
+    database server's backends serving other clients)."""
+
+    def __init__(self, fleet: Fleet, cores: float, others: float = 0.0, extra: dict | None = None) -> None:
+        self.fleet, self.cores, self.others, self.extra = fleet, cores, others, extra or {}
+        self.left: dict[object, float] = {}
+        self.group: dict[object, object] = {}
+        self.rate: dict[object, float] = {}
+        self.last, self.version = 0.0, 0
+
+    def _advance(self, t: float) -> None:
+        dt_ = t - self.last
+        if dt_ > 0:
+            for key in self.left:
+                self.left[key] -= dt_ * self.rate[key]
+        self.last = t
+
+    def _rates(self) -> None:
+        tasks: dict[object, int] = {}
+        for g in self.group.values():
+            tasks[g] = tasks.get(g, 0) + 1
+        keys = list(tasks)
+        entries = [(tasks[g] + self.extra.get(g, 0.0), 1.0) for g in keys]
+        if self.others > 0:
+            entries.append((1.0, self.others))
+        shares = fair_shares(self.cores, entries)
+        per_task = {g: shares[i] / (tasks[g] + self.extra.get(g, 0.0)) for i, g in enumerate(keys)}
+        self.rate = {p: per_task[g] for p, g in self.group.items()}
+
+    def _plan(self, t: float) -> None:
+        self.version += 1
+        self._rates()
+        if self.left:
+            self.fleet.at(t + max(0.0, min(left / self.rate[p] for p, left in self.left.items())), self._due,
+                          self.version)
+
+    def add(self, t: float, proc: object, work_s: float, group: object) -> None:
+        self._advance(t)
+        self.left[proc], self.group[proc] = work_s, group
+        self._plan(t)
+
+    def _due(self, t: float, version: int) -> None:
+        if version != self.version:
+            return
+        self._advance(t)
+        for proc in [p for p, left in self.left.items() if left <= 1e-12]:
+            del self.left[proc], self.group[proc]
+            self.fleet.resume(t, proc)
+        self._plan(t)
+
+
+class _WalFlush:
+    """Group commit: a transaction waits for the flush that covers its commit record - the one under way if it
+    began after the commit, else the next, which begins when the current one ends and covers every transaction
+    that committed meanwhile. One flush at a time (``flush_s`` each): the database's serial part."""
+
+    def __init__(self, fleet: Fleet, flush_s: float) -> None:
+        self.fleet, self.flush_s = fleet, flush_s
+        self.busy = False
+        self.next: list = []
+        self.flushes = 0
+        self.since: dict[object, float] = {}
+        self.waited_s = 0.0
+
+    def commit(self, t: float, proc: object) -> None:
+        self.next.append(proc)
+        self.since[proc] = t
+        if not self.busy:
+            self._start(t)
+
+    def _start(self, t: float) -> None:
+        self.busy, batch, self.next = True, self.next, []
+        self.flushes += 1
+        self.fleet.at(t + self.flush_s, self._done, batch)
+
+    def _done(self, t: float, batch: list) -> None:
+        self.busy = False
+        for proc in batch:
+            self.waited_s += t - self.since.pop(proc)
+            self.fleet.resume(t, proc)
+        if self.next:
+            self._start(t)
+
+
+class Fleet:
+    """A discrete-event model of a saturated fleet's throughput: ``spec.supervisors`` supervisors of
+    ``spec.cap`` workers on one database, each supervisor a single thread that alternates between recording
+    every result its workers sent (one transaction) and claiming a due run for every idle worker (one
+    transaction), as the engine's loop does; a transaction of k runs costs k x half of the supervisor's CPU per
+    run, then k x half of the backend's, then the wait for its WAL flush (:class:`_WalFlush`), during which
+    the supervisor waits. A worker spends ``wrk_ms`` of CPU and ``run_ms`` of sleep on each run. CPU is a
+    processor-sharing pool (:class:`_Shared`): the machine's ``cores`` for everyone, or with dedicated cores
+    one per supervisor and per worker and ``db_cores`` for the server. Not modelled: the due read's cost per
+    poll apart from per run (it is in the per-run figures), lock waits between supervisors (measured ~0 with
+    SKIP LOCKED), network latency, the rescan and lease renewals. :meth:`run` returns runs_per_s and what
+    limited it (busy shares of each resource)."""
+
+    def __init__(self, costs: FleetCosts, spec: FleetSpec) -> None:
+        self.costs, self.spec = costs, spec
+        self.events: list[tuple] = []
+        self.seq = 0
+        self.now = 0.0
+        shared = spec.cores is not None
+        machine = _Shared(self, spec.cores, spec.others, {"db": spec.db_others}) if shared else None
+        self.sup_cpu = machine                      # None: a core of its own (a plain delay)
+        self.wrk_cpu = machine
+        self.db_cpu = machine if shared else _Shared(self, spec.db_cores)
+        self.wal = _WalFlush(self, costs.flush_ms / 1000)
+        n = spec.supervisors
+        self.free = [spec.cap] * n
+        self.results: list[int] = [0] * n            # results waiting to be recorded, per supervisor
+        self.sleeping: set[int] = set()
+        self.claimed = 0                             # due runs taken so far (against spec.demand)
+        self.started: list[float] = []
+        self.commits = 0
+        self.procs: dict[object, object] = {}
+        self.rng = random.Random(spec.seed)
+
+    # -- the event machinery: processes are generators yielding ("cpu", pool, s), ("sleep", s), ("commit",),
+    # ("idle",)
+    def at(self, t: float, fn, arg) -> None:
+        heapq.heappush(self.events, (t, self.seq, fn, arg))
+        self.seq += 1
+
+    def resume(self, t: float, proc) -> None:
+        try:
+            req = next(proc)
+        except StopIteration:
+            return
+        kind = req[0]
+        if kind == "cpu":
+            if req[1] is None:
+                self.at(t + req[2], self.resume, proc)
+            else:
+                req[1].add(t, proc, req[2], req[3])
+        elif kind == "sleep":
+            self.at(t + req[1], self.resume, proc)
+        elif kind == "commit":
+            self.commits += 1
+            if self.wal.flush_s > 0:
+                self.wal.commit(t, proc)
+            else:
+                self.at(t, self.resume, proc)
+        # "idle": resumed by wake()
+
+    def wake(self, t: float, s: int) -> None:
+        if s in self.sleeping:
+            self.sleeping.discard(s)
+            self.resume(t, self.procs[s])
+
+    def _due(self, t: float) -> int:
+        if self.spec.demand is None:
+            return 1 << 30
+        return max(0, math.floor(self.spec.demand * t + 1e-9) - self.claimed)  # woken at (claimed + 1) / demand
+
+    def _cpu(self, mean_s: float) -> float:
+        """A burst's CPU seconds: uniform within +-50 % of its mean (equal bursts under processor sharing would
+        all end at one instant and move in lock-step, which real ones do not)."""
+        return mean_s * self.rng.uniform(0.5, 1.5)
+
+    def _transaction(self, s: int, k: int):
+        c = self.costs
+        yield ("cpu", self.sup_cpu, self._cpu(k * c.sup_ms / 2000), ("sup", s))
+        yield ("cpu", self.db_cpu, self._cpu(k * c.db_ms / 2000), "db")
+        yield ("commit",)
+
+    def _supervisor(self, s: int):
+        while True:
+            if self.results[s]:
+                k, self.results[s] = self.results[s], 0
+                yield from self._transaction(s, k)
+                self.free[s] += k
+            k = min(self.free[s], self._due(self.now))
+            if k:
+                self.claimed += k
+                self.free[s] -= k
+                yield from self._transaction(s, k)
+                self.started.extend([self.now] * k)
+                for _ in range(k):
+                    w = self._worker(s)
+                    self.at(self.now, self.resume, w)
+            elif not self.results[s]:
+                self.sleeping.add(s)
+                if self.spec.demand is not None:   # the next due run wakes it
+                    self.at((self.claimed + 1) / self.spec.demand, self.wake, s)
+                yield ("idle",)
+
+    def _worker(self, s: int):
+        yield ("cpu", self.wrk_cpu, self._cpu(self.costs.wrk_ms / 1000), object())   # a session of its own
+        yield ("sleep", self.costs.run_ms / 1000)
+        self.results[s] += 1
+        self.wake(self.now, s)
+
+    def run(self) -> dict:
+        """Simulate ``spec.horizon_s``; returns runs_per_s (started in the window), commits_per_run,
+        commit_wait_ms_per_run (waiting for the WAL flush) and flushes_per_s."""
+        spec = self.spec
+        for s in range(spec.supervisors):
+            self.procs[s] = self._supervisor(s)
+            self.at(0.0, self.resume, self.procs[s])
+        while self.events and self.events[0][0] < spec.horizon_s:
+            self.now, _, fn, arg = heapq.heappop(self.events)
+            fn(self.now, arg)
+        window = spec.horizon_s - spec.warmup_s
+        n = sum(spec.warmup_s <= t < spec.horizon_s for t in self.started)
+        runs = max(1, len(self.started))
+        return {"runs_per_s": n / window, "commits_per_run": self.commits / runs,
+                "commit_wait_ms_per_run": 1000 * self.wal.waited_s / runs,
+                "flushes_per_s": self.wal.flushes / spec.horizon_s}
+
+
+def fleet_runs_per_s(costs: FleetCosts, spec: FleetSpec) -> dict:
+    """:class:`Fleet` ``costs`` under ``spec``: its summary."""
+    return Fleet(costs, spec).run()
 
 
 def main(argv: list[str] | None = None) -> int:

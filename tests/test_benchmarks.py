@@ -184,14 +184,93 @@ def test_rawdb_bare_driver_replays_the_stores_sql_and_notices_when_it_does_not_d
     conn.close()
 
 
+def test_fair_shares_split_the_cores_between_sessions_max_min():
+    assert simulator.fair_shares(2.0, [(1, 1), (3, 1)]) == [1.0, 1.0]       # one core each
+    assert simulator.fair_shares(2.0, [(1, 1), (1, 2)]) == pytest.approx([2 / 3, 2 / 3])  # 3 sessions, 2 cores
+    assert simulator.fair_shares(4.0, [(0.5, 1), (8, 1)]) == [0.5, 3.5]     # what one cannot use goes to the other
+
+
+def _fleet(n: int, **kw) -> float:
+    costs = {k: kw.pop(k) for k in ("sup_ms", "db_ms", "wrk_ms", "run_ms", "flush_ms") if k in kw}
+    return simulator.Fleet(simulator.FleetCosts(**{"sup_ms": 0.0, "db_ms": 0.0, "wrk_ms": 0.0, **costs}),
+                           simulator.FleetSpec(supervisors=n, **kw)).run()["runs_per_s"]
+
+
 @pytest.mark.timeout(30)
-def test_compare_fleet_prediction_scales_with_supervisors_until_the_demand():
-    w = wl.parse({"name": "f", "jobs": 120, "cron_mix": {"every_second": 1.0},
+def test_fleet_model_is_limited_by_the_supervisor_then_by_the_database_server():
+    # dedicated cores: a supervisor's run is 1 ms of its CPU + 1 ms of its backend's, one at a time: 500/s each
+    assert 480 <= _fleet(1, sup_ms=1.0, db_ms=1.0) <= 510
+    assert 1900 <= _fleet(16, sup_ms=1.0, db_ms=1.0, db_cores=2.0) <= 2010   # the server's 2 cores: 2,000/s
+    assert 3800 <= _fleet(16, sup_ms=1.0, db_ms=1.0, db_cores=4.0) <= 4010
+    assert 95 <= _fleet(4, sup_ms=1.0, db_ms=1.0, demand=100.0) <= 105         # fewer due: the demand
+
+
+@pytest.mark.timeout(30)
+def test_fleet_model_group_commit_shares_flushes_and_cores_are_shared_by_session():
+    one = _fleet(1, flush_ms=2.0, run_ms=1.0)   # every transaction waits 2 ms for its flush
+    assert _fleet(8, flush_ms=2.0, run_ms=1.0) >= 3.5 * one                    # the flushes are shared
+    # 2 cores, one supervisor (its runs 2 ms of CPU in all) against two other busy sessions: 2/3 of a core each
+    assert 480 <= _fleet(1, sup_ms=1.0, db_ms=1.0, cores=2.0) <= 510
+    assert 315 <= _fleet(1, sup_ms=1.0, db_ms=1.0, cores=2.0, others=2.0) <= 345
+    # the server's backends are one session: another client's busy backend halves its share, not the machine's
+    assert 480 <= _fleet(1, sup_ms=1.0, db_ms=1.0, cores=2.0, others=1.0) <= 510
+    assert 315 <= _fleet(1, sup_ms=1.0, db_ms=1.0, cores=2.0, others=1.0, db_others=1.0) <= 345
+
+
+def _fleet_row(n: int, runs_per_s: float, sup: float, db: float) -> dict:
+    return {"supervisors": n, "runs_per_s": runs_per_s, "sup_ms_per_run": sup, "db_ms_per_run": db,
+            "wrk_ms_per_run": 0.5, "db_wait": {"io": 0.4, "lwlock": 0.1}, "wal_flush_ms": 1.0 + n / 10,
+            "others_runnable": 0.0, "db_others_runnable": 0.0, "loadavg_1m": 1.0}
+
+
+@pytest.mark.timeout(60)
+def test_compare_fleet_model_calibrates_on_the_rows_and_grows_the_costs_with_the_fleet():
+    w = wl.parse({"name": "f", "jobs": 10, "cron_mix": {"every_second": 1.0},
                   "runtime": {"distribution": "fixed", "mean_ms": 1.0}})
-    one = {"sup_ms_per_run": 19.0, "runs_per_s": 40.0}  # 19 ms CPU + 5 x 0.2 ms database: 50 runs/s a supervisor
-    pred = {p["supervisors"]: p["sim_runs_per_s"] for p in compare.fleet_prediction(w, one, 0.2, [1, 2, 4], cap=4)}
-    assert 45 <= pred[1] <= 51 and 90 <= pred[2] <= 102
-    assert 110 <= pred[4] <= 121  # 120 jobs every second: the demand, not 200
+    rows = [_fleet_row(1, 400, 0.5, 1.0), _fleet_row(2, 600, 0.6, 1.2), _fleet_row(3, 650, 0.7, 1.4)]
+    model = compare.fleet_model(rows, w, cap=10, sizes=[1, 2, 8], db_cores=2.0, horizon_s=1.5)
+    assert model["flush_ms"] == pytest.approx(1.2)  # the median of the runs' probes
+    assert model["check"][0]["commit_wait_ms"] == pytest.approx(0.5) and model["check"][0]["sim_commit_wait_ms"] > 0
+    assert model["costs_1"]["db_ms_per_run"] == pytest.approx(1.0)
+    assert model["growth_per_supervisor"]["db_ms_per_run"] == pytest.approx(0.2)
+    assert [c["measured"] for c in model["check"]] == [400, 600, 650]
+    assert all(c["predicted"] > 0 for c in model["check"])
+    ded = {d["supervisors"]: d for d in model["dedicated"]}
+    assert ded[8]["grown"] < ded[8]["flat"] <= 2000 * 1.01       # 2 server cores / 1 ms of backend CPU a run
+    assert ded[8]["flat_busy"]["database_cpu"] > 0.95              # what limits it
+    assert "| 8 |" in compare.fleet_report(model)
+
+
+def test_compare_counts_database_states_per_sample():
+    rows = [(10.0 + i / 10, 1, 0, 0, 1, 0, 1) for i in range(10)]  # one backend on CPU, one waiting for IO
+    assert compare.db_in_window(rows, 10.0, 11.0) == {"cpu": 1, "lock": 0, "lwlock": 0, "io": 1, "wait": 0,
+                                                       "intx": 1}
+
+
+@pytest.mark.timeout(30)
+def test_compare_db_activity_sees_only_the_benchmarks_backends(monkeypatch):
+    import conftest
+    import rawdb
+    import runner
+    pg_url = conftest.POSTGRES_URL
+    conftest._server_or_skip(pg_url).dispose()
+    monkeypatch.setattr(runner, "POSTGRES_URL", pg_url)
+    ns = runner.Namespace("postgresql", Path("."))
+    conn, other = rawdb.bare_connect(ns.url), rawdb.bare_connect(pg_url)
+    try:
+        conn.execute("SELECT 1")  # psycopg opens a transaction: idle in transaction from now on
+        other.execute("SELECT 1")
+        with compare.DbActivity(ns.name) as activity:
+            wait_until(lambda: activity.rows, 10, "a pg_stat_activity sample")
+        assert activity.pids == {conn.info.backend_pid}
+        assert activity.rows[0][1:] == (0, 0, 0, 0, 0, 1)
+        conn.rollback()
+        assert compare.wal_flush_ms(ns.url, commits=5) > 0   # its table made and dropped in the schema
+        assert conn.execute("SELECT to_regclass('wal_probe')").fetchone() == (None,)
+    finally:
+        conn.close()
+        other.close()
+        ns.drop()
 
 
 def test_idle_burst_lateness_is_that_of_the_last_run_of_each_instant():
