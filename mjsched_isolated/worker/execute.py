@@ -93,6 +93,8 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
     ``describe_error`` may name what an exception means (a resource limit hit) for the error message.
     ``deadline_updates()``: the newest deadline (epoch seconds) the supervisor sent since the last call, or
     None (:meth:`~mjsched_isolated.worker.inbox.Inbox.deadline_for`); ``context.deadline_at`` follows it.
+    The plugin's notice (``notification``) is formatted only for an outcome the request says is notified
+    (``notice_on_success``, ``notice_on_failure``).
     """
     error = validate(registry, req.job_type, req.configuration)
     if error is not None:
@@ -130,7 +132,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         error = clean_text(meaning or f"plugin raised {text}")[:MAX_ERROR_CHARS]
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
-                                        success=False, error_message=error)))
+                                        success=False, error_message=error)) if req.notice_on_failure else None)
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
     try:
         details = clean_details(result.details)
@@ -138,10 +140,13 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
         outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
-                                    notification=notice_text(plugin, context, outcome))
-    outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
-    return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=details, notification=notice_text(plugin, context, outcome))
+                                    notification=notice_text(plugin, context, outcome) if req.notice_on_failure else None)
+    success = result.success is True
+    wanted = req.notice_on_success if success else req.notice_on_failure  # else no notice is sent: not formatted
+    notification = notice_text(plugin, context, ScheduledJobResult(success=success, details=result.details,
+                                                                   error_message=error)) if wanted else None
+    return protocol.RunFinished(run_id=req.run_id, success=success, error_message=error, details=details,
+                                notification=notification)
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
