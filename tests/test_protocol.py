@@ -50,7 +50,8 @@ TO_SUPERVISOR = [
 
 @pytest.fixture(params=["channel", "socket pair"])
 def pipe(request):
-    a, b = protocol.channel_pair(multiprocessing.get_context()) if request.param == "channel" else multiprocessing.Pipe()
+    channel = request.param == "channel"
+    a, b = protocol.channel_pair(multiprocessing.get_context()) if channel else multiprocessing.Pipe()
     yield a, b
     a.close()
     b.close()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap

@@ -146,8 +146,9 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
     except BadDetailsError as exc:  # recorded on the run: the plugin's mistake, not a crash of the worker
         error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
         outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
+        notice = notice_text(plugin, context, outcome) if req.notice_on_failure else None
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
-                                    notification=notice_text(plugin, context, outcome) if req.notice_on_failure else None)
+                                    notification=notice)
     success = result.success is True
     wanted = req.notice_on_success if success else req.notice_on_failure  # else no notice is sent: not formatted
     notification = notice_text(plugin, context, ScheduledJobResult(success=success, details=result.details,
