@@ -137,7 +137,10 @@ class WorkerCgroup:
         if self.version != 2:
             return None
         try:
-            for line in read_kernel_file(os.path.join(self.kill_dir, "cpu.stat")).splitlines():
+            data = read_kernel_file(f"{self.kill_dir}/cpu.stat")  # twice a run: no path join, no line split
+            if data.startswith(b"usage_usec "):  # the first line, in every kernel so far
+                return int(data[11:data.index(b"\n")]) / 1e6
+            for line in data.splitlines():
                 key, _, value = line.partition(b" ")
                 if key == b"usage_usec":
                     return int(value) / 1e6
@@ -187,7 +190,7 @@ class WorkerCgroup:
         if self.memory_dir is None or self.memory_version != 1:
             return False
         try:
-            write_kernel_file(os.path.join(self.memory_dir, "memory.max_usage_in_bytes"), b"0")  # every run
+            write_kernel_file(f"{self.memory_dir}/memory.max_usage_in_bytes", b"0")  # every run
         except OSError:
             return False
         return True
@@ -215,7 +218,7 @@ class WorkerCgroup:
         if self.memory_dir is None:
             return None
         try:
-            return int(read_kernel_file(os.path.join(self.memory_dir, name)))
+            return int(read_kernel_file(f"{self.memory_dir}/{name}"))
         except (OSError, ValueError):
             return None
 
@@ -387,14 +390,14 @@ class KernelFile:
         if fd >= 0:
             try:
                 st = os.fstat(fd)
-                if (os.getpid(), st.st_dev, st.st_ino) == self._id:
+                if (_pid, st.st_dev, st.st_ino) == self._id:
                     return fd
             except OSError:
                 pass
             self._fd = -1
         fd = os.open(self.path, self._mode | os.O_CLOEXEC)
         st = os.fstat(fd)
-        self._fd, self._id = fd, (os.getpid(), st.st_dev, st.st_ino)
+        self._fd, self._id = fd, (_pid, st.st_dev, st.st_ino)
         return fd
 
     def read(self) -> bytes:
@@ -406,8 +409,28 @@ class KernelFile:
         """Write ``data`` (a control file: ``/proc/self/clear_refs``, a cgroup's reset). Raises ``OSError``."""
         os.write(self._descriptor(), data)
 
+    def close(self) -> None:
+        """Close the descriptor if it is still the file opened here (else it is not ours to close; in a
+        forked child it is the child's own copy, closed too)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0 and self._id is not None:
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == self._id[1:]:
+                    os.close(fd)
+
 
 _kernel_files: dict[str, KernelFile] = {}
+_pid = os.getpid()  # this process's pid, kept current across forks: no getpid call per kernel file read
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def read_kernel_file(path: str) -> bytes:

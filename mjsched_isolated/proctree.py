@@ -16,7 +16,7 @@ import sys
 
 import psutil
 
-from mjsched_isolated.cgroups import read_kernel_file
+from mjsched_isolated.cgroups import KernelFile
 
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
 
@@ -265,22 +265,32 @@ def become_subreaper() -> bool:
 def own_children() -> set[int] | None:
     """Pids of this process's direct children (zombies included) from ``/proc/self/task/*/children``:
     a few small reads, not a scan of every process. None where the kernel does not list children
-    (no ``CONFIG_PROC_CHILDREN``, no /proc): callers fall back to a full scan."""
-    me = os.getpid()
-    try:  # the main thread's: always there, its descriptor kept (a worker reads it after every run)
-        found = {int(p) for p in read_kernel_file(f"/proc/self/task/{me}/children").split()}
+    (no ``CONFIG_PROC_CHILDREN``, no /proc): callers fall back to a full scan. Each thread's file is read
+    through a descriptor kept open (:class:`~mjsched_isolated.cgroups.KernelFile`: a worker calls this
+    after every run; issue 11), those of threads that ended are closed."""
+    me = str(os.getpid())
+    try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
+    found: set[int] = set()
     for tid in tasks:
-        if tid == str(me):
-            continue
+        file = _children_files.get(tid)
+        if file is None:
+            file = _children_files[tid] = KernelFile(f"/proc/self/task/{tid}/children")
         try:
-            with open(f"/proc/self/task/{tid}/children", "rb") as f:
-                found.update(int(p) for p in f.read().split())
-        except OSError:  # the thread has ended since listdir
-            continue
+            found.update(map(int, file.read().split()))
+        except OSError:
+            if tid == me:  # the main thread's: always there, so the kernel does not list children
+                return None
+            continue  # the thread has ended since listdir
+    if len(_children_files) > len(tasks):  # threads have ended (or this is a forked child): their files go
+        for tid in set(_children_files).difference(tasks):
+            _children_files.pop(tid).close()
     return found
+
+
+_children_files: dict[str, KernelFile] = {}  # thread id -> its children file (see own_children)
 
 
 def reap(pids: set[int]) -> set[int]:

@@ -223,3 +223,24 @@ def test_active_schedules_are_counted_without_reading_every_job(any_store):
     store.update_job("paused", {"status": "Paused"}, utcnow())
     assert sorted(store.active_schedules()) == [("* * * * *", "UTC", 3), ("0 * * * *", "UTC", 1)]
     assert store.active_job_names("* * * * *", "UTC", 2) == ["m0", "m1"]
+
+
+def test_sqlite_transactions_in_a_row_reuse_the_connection_returned_last(tmp_path):
+    """A SQLite connection drops its page cache whenever another connection committed: the pool must not
+    rotate through its idle connections (FIFO) once a second one joined it (a thread's), or every
+    transaction re-reads the pages it needs (issue 11)."""
+    from mjsched_isolated.store.schema import connect
+
+    engine = connect(f"sqlite:///{tmp_path / 'lifo.db'}")
+    try:
+        with engine.connect() as a, engine.connect() as b:  # two at once (the loop and a thread): both pooled
+            a.exec_driver_sql("select 1")
+            b.exec_driver_sql("select 1")
+        used = []
+        for _ in range(4):
+            with engine.begin() as conn:
+                conn.exec_driver_sql("select 1")
+                used.append(id(conn.connection.dbapi_connection))
+        assert len(set(used)) == 1
+    finally:
+        engine.dispose()

@@ -73,3 +73,60 @@ def test_a_control_file_written_again_through_its_kept_descriptor_acts_each_time
         high = _field(status.read(), b"VmHWM")
         clear_refs.write(b"5")  # the peak is reset to the current RSS
         assert _field(status.read(), b"VmHWM") < high - 48 * 1024
+
+
+def test_close_closes_only_a_descriptor_that_is_still_its_own(tmp_path):
+    status = KernelFile("/proc/self/status")
+    status.read()
+    fd = status._fd
+    status.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    status.read()
+    kept = status._fd
+    os.close(kept)  # a run closed it and got the number back for a file of its own
+    mine = os.open(tmp_path / "mine.txt", os.O_WRONLY | os.O_CREAT)
+    try:
+        assert mine == kept
+        status.close()
+        os.fstat(mine)  # still open: not ours to close
+    finally:
+        os.close(mine)
+
+
+def test_own_children_finds_a_thread_s_child_through_kept_descriptors_and_after_the_thread_ended():
+    """The worker's after-run check (issue 11): each thread's children file read through a descriptor kept
+    open, no open per call; a thread that ended passes its children to another thread of the process and
+    its file is closed."""
+    import subprocess
+    import threading
+
+    from mjsched_isolated import proctree
+
+    started: list[subprocess.Popen] = []
+    go, done = threading.Event(), threading.Event()
+
+    def fork_and_wait() -> None:
+        started.append(subprocess.Popen(["sleep", "100"]))
+        go.set()
+        done.wait(30)
+
+    thread = threading.Thread(target=fork_and_wait)
+    thread.start()
+    try:
+        assert go.wait(30)
+        child = started[0].pid
+        assert child in proctree.own_children()
+        assert str(thread.native_id) in proctree._children_files
+        before = sorted(os.listdir("/proc/self/fd"))
+        assert child in proctree.own_children()
+        assert sorted(os.listdir("/proc/self/fd")) == before  # read again through the same descriptors
+        done.set()
+        thread.join(30)
+        assert child in proctree.own_children()  # now listed under a live thread
+        assert str(thread.native_id) not in proctree._children_files
+    finally:
+        done.set()
+        for proc in started:
+            proc.kill()
+            proc.wait()

@@ -363,6 +363,21 @@ def test_outcomes_that_notify_and_the_text_they_carry(driver_factory, store: Sto
         r["event"] == "Skipped" for r in rows if r["job_name"] == "busy")
 
 
+@pytest.mark.parametrize("channel", [True, False])
+def test_a_run_request_asks_for_the_plugin_notice_only_where_one_is_sent(mem_store, fake_factory, channel):
+    """The worker formats the plugin's notice only for an outcome that is notified (issue 11): a channel is on
+    and the job notifies on that outcome, as :func:`notices.for_run` judges."""
+    on = Notifications(webhook=WebhookChannel(url="http://127.0.0.1:9/never")) if channel else Notifications(log=False)
+    d = fake_factory(max_concurrent_jobs=3, notifications=on)
+    add_job(mem_store, "quiet", "ok", "0 0 1 1 *")
+    add_job(mem_store, "loud", "ok", "0 0 1 1 *", notify_on_success=True)
+    add_job(mem_store, "mute", "ok", "0 0 1 1 *", notify_on_failure=False)
+    d.until(lambda: len(d.pool.submitted) == 3, 10)
+    asked = {r.job_name: (r.notice_on_success, r.notice_on_failure) for r in d.pool.submitted}
+    assert asked == ({"quiet": (False, True), "loud": (True, True), "mute": (False, False)} if channel else
+                     dict.fromkeys(("quiet", "loud", "mute"), (False, False)))
+
+
 # -- through a real serve process ---------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_a_failing_job_emails_and_a_webhook_notice_survives_a_restart(store: Store, db_url: str, monkeypatch):

@@ -48,9 +48,10 @@ TO_SUPERVISOR = [
 ]
 
 
-@pytest.fixture
-def pipe():
-    a, b = multiprocessing.Pipe(duplex=True)
+@pytest.fixture(params=["channel", "socket pair"])
+def pipe(request):
+    channel = request.param == "channel"
+    a, b = protocol.channel_pair(multiprocessing.get_context()) if channel else multiprocessing.Pipe()
     yield a, b
     a.close()
     b.close()
@@ -136,14 +137,25 @@ def test_decoder_accepts_unknown_extra_fields_for_forward_compatibility():
     assert protocol.decode_to_supervisor(data) == Heartbeat(run_id=5, at=2.0)
 
 
-def test_send_to_closed_peer_raises_oserror():
-    a, b = multiprocessing.Pipe(duplex=True)
+def test_send_to_closed_peer_raises_oserror(pipe):
+    a, b = pipe
     b.close()
     try:
         with pytest.raises(OSError):
             protocol.send(a, Stop())
     finally:
         a.close()
+
+
+def test_a_channel_reads_eof_when_its_peer_is_gone_and_pickles_as_its_two_pipes():
+    a, b = protocol.channel_pair(multiprocessing.get_context())
+    assert a.__reduce__() == (protocol.Channel, (a.reader, a.writer))
+    assert {a.fileno(), a.writer.fileno()}.isdisjoint({b.fileno(), b.writer.fileno()})
+    b.close()
+    assert b.closed
+    with pytest.raises(EOFError):
+        a.recv_bytes()
+    a.close()
 
 
 def test_a_ready_from_an_older_worker_decodes_with_defaults():

@@ -672,11 +672,14 @@ class Dispatcher:
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         limits = run_limits(job, self.settings.limits)
+        notify = bool(self.settings.notifications.channels())  # else the plugin's notice text is not asked for
         request = protocol.RunRequest(
             run_id=claim.run_id, job_id=job["id"], job_name=job["name"], job_type=job["job_type"],
             configuration=job["configuration"], scheduled_at=scheduled_at.timestamp() if scheduled_at else None,
             deadline_at=deadline.timestamp(), limits=limits, attempt=attempt,
-            previous_details=self._previous_details(job, scheduled_at, attempt, flight))
+            previous_details=self._previous_details(job, scheduled_at, attempt, flight),
+            notice_on_success=notify and bool(job.get("notify_on_success")),  # as notices.for_run judges
+            notice_on_failure=notify and bool(job.get("notify_on_failure", True)))
         if limits is not None and limits.max_cpu_s is not None:
             watch_cpu(flight, self.pool.tree_cpu_s(worker), limits.max_cpu_s, now)
         try:

@@ -27,7 +27,6 @@ import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +69,7 @@ def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
-    def __init__(self, slot: int, process: BaseProcess, conn: Connection, started_mono: float) -> None:
+    def __init__(self, slot: int, process: BaseProcess, conn: protocol.Channel, started_mono: float) -> None:
         self.slot = slot
         self.process = process
         self.conn = conn
@@ -249,7 +248,7 @@ class Pool:
         return proctree.containment(self.cgroups.describe() if self.cgroups is not None else None)
 
     def _spawn(self, slot: int) -> Worker:
-        parent_conn, child_conn = _ctx.Pipe(duplex=True)
+        parent_conn, child_conn = protocol.channel_pair(_ctx)
         group = self.cgroups.create(slot) if self.cgroups is not None else None
         terminating = _ctx.RawValue("b", 0)
         process = _ctx.Process(target=child.main, args=(child_conn, self.plugins_dir, os.getpid(), self.log_level,

@@ -67,17 +67,24 @@ def event_loop() -> asyncio.AbstractEventLoop:
 def validate(registry: Registry, job_type: str, configuration: str | None) -> str | None:
     """None if ``configuration`` (JSON text) is valid for ``job_type``, else a one-line error naming the
     field (``job_type: unknown job type ...``, ``configuration.timeout_s: ...``)."""
+    return _parse_valid(registry, job_type, configuration)[1]
+
+
+def _parse_valid(registry: Registry, job_type: str, configuration: str | None) -> tuple[Any, str | None]:
+    """``(parsed configuration, None)`` if it is valid for ``job_type``, else ``(None, error)`` (see
+    :func:`validate`): a run parses its configuration once, for the check and for its context."""
     cls = registry.classes.get(job_type)
     if cls is None:
         known = ", ".join(sorted(registry.classes)) or "none"
-        return f"job_type: unknown job type {job_type!r} (available: {known})"
+        return None, f"job_type: unknown job type {job_type!r} (available: {known})"
     try:
-        cls().validate_configuration(cls.parse_configuration(configuration))
+        parsed = cls.parse_configuration(configuration)
+        cls().validate_configuration(parsed)
     except ConfigurationError as exc:
-        return str(exc)
+        return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a buggy validator is a plugin error, reported as such
-        return f"configuration: validator of {job_type!r} raised {type(exc).__name__}: {exc}"
-    return None
+        return None, f"configuration: validator of {job_type!r} raised {type(exc).__name__}: {exc}"
+    return parsed, None
 
 
 def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
@@ -93,8 +100,10 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
     ``describe_error`` may name what an exception means (a resource limit hit) for the error message.
     ``deadline_updates()``: the newest deadline (epoch seconds) the supervisor sent since the last call, or
     None (:meth:`~mjsched_isolated.worker.inbox.Inbox.deadline_for`); ``context.deadline_at`` follows it.
+    The plugin's notice (``notification``) is formatted only for an outcome the request says is notified
+    (``notice_on_success``, ``notice_on_failure``).
     """
-    error = validate(registry, req.job_type, req.configuration)
+    configuration, error = _parse_valid(registry, req.job_type, req.configuration)
     if error is not None:
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=f"not started: {error}")
     cls = registry.classes[req.job_type]
@@ -111,7 +120,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
 
     context: JobContext[Any] = JobContext(
         run_id=req.run_id, job_id=req.job_id, job_name=req.job_name, job_type=req.job_type,
-        configuration=cls.parse_configuration(req.configuration),
+        configuration=configuration,
         scheduled_at=_from_epoch(req.scheduled_at), deadline_at=_from_epoch(req.deadline_at), heartbeat=heartbeat,
         deadline_updates=None if deadline_updates is None else lambda: _from_epoch(deadline_updates()),
         attempt=req.attempt, previous_details=_json_object(req.previous_details),
@@ -130,18 +139,22 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         error = clean_text(meaning or f"plugin raised {text}")[:MAX_ERROR_CHARS]
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
-                                        success=False, error_message=error)))
+                                        success=False, error_message=error)) if req.notice_on_failure else None)
     error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
     try:
         details = clean_details(result.details)
     except BadDetailsError as exc:  # recorded on the run: the plugin's mistake, not a crash of the worker
         error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
         outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
+        notice = notice_text(plugin, context, outcome) if req.notice_on_failure else None
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
-                                    notification=notice_text(plugin, context, outcome))
-    outcome = ScheduledJobResult(success=result.success is True, details=result.details, error_message=error)
-    return protocol.RunFinished(run_id=req.run_id, success=outcome.success, error_message=error,
-                                details=details, notification=notice_text(plugin, context, outcome))
+                                    notification=notice)
+    success = result.success is True
+    wanted = req.notice_on_success if success else req.notice_on_failure  # else no notice is sent: not formatted
+    notification = notice_text(plugin, context, ScheduledJobResult(success=success, details=result.details,
+                                                                   error_message=error)) if wanted else None
+    return protocol.RunFinished(run_id=req.run_id, success=success, error_message=error, details=details,
+                                notification=notification)
 
 
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:

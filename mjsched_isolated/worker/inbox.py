@@ -17,7 +17,7 @@ class Inbox:
     ``EOFError``/``OSError`` when the supervisor is gone, :class:`ProtocolError` on garbage);
     ``deadline_for(run_id)`` never blocks."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection | protocol.Channel) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._kept: list[protocol.ToChild] = []

@@ -38,7 +38,7 @@ __all__ = ["PipeSender", "main"]
 log = logging.getLogger("mjsched.child")
 
 
-def main(conn: Connection, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
+def main(conn: Connection | protocol.Channel, plugins_dir: str | None, parent_pid: int, log_level: int = logging.INFO,
          import_timeout_s: float = 10.0, fence_at: Any = None, log_format: str = "text",
          skip_modules: dict[str, str] | None = None, max_run_output_bytes: int = 4 * 1024 * 1024,
          cgroup: cgroups.WorkerCgroup | None = None, terminating: Any = None, keep_dir: str | None = None) -> None:
@@ -167,7 +167,7 @@ def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest) -> 
 class PipeSender:
     """Serialises sends from the main thread and plugin threads (heartbeats) on one pipe."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection | protocol.Channel) -> None:
         self._conn = conn
         self._lock = threading.Lock()
 

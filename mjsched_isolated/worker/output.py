@@ -39,6 +39,7 @@ OUTSIDE_RUN_LIMIT_BYTES = 64 * 1024  # output outside any run reaching the real 
 END_DRAIN_BOUND_S = 1.0  # at a run's end, read what is already in the pipe for at most this long
 READ_SIZE = 64 * 1024
 WORKER_LOGGERS = ("mjsched.child",)  # the worker's own records: never a run's output
+_UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 class _RunBuffer:
@@ -48,7 +49,7 @@ class _RunBuffer:
         self.run_id = run_id
         self.head_left = max_bytes // 2
         self.tail_limit = max_bytes - max_bytes // 2
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.decoder: codecs.IncrementalDecoder | None = None  # made at the first output: most runs write none
         self.pending: list[str] = []  # decoded head text not sent yet
         self.pending_bytes = 0
         self.flush_at = 0.0  # monotonic: when the pending text is sent (while the run goes on)
@@ -63,6 +64,8 @@ class _RunBuffer:
         if self.head_left > 0:
             head, data = data[:self.head_left], data[self.head_left:]
             self.head_left -= len(head)
+            if self.decoder is None:
+                self.decoder = _UTF8(errors="replace")
             text = self.decoder.decode(head, final=self.head_left == 0)
             if text:
                 if not self.pending:  # the first unsent text: sent at the latest one interval from now
@@ -98,7 +101,8 @@ class _RunBuffer:
 
     def finish(self, max_bytes: int, final: bool = True) -> str:
         """What is left to send when the run ends: the unsent head, the marker, the tail."""
-        text = self.take_pending() + self._handed(self.decoder.decode(b"", final=True) if final else "")
+        text = self.take_pending() + self._handed(self.decoder.decode(b"", final=True)
+                                                  if final and self.decoder is not None else "")
         tail = b"".join(self.tail)
         if len(tail) > self.tail_limit:
             self.omitted += len(tail) - self.tail_limit
