@@ -118,9 +118,12 @@ def test_own_children_finds_a_thread_s_child_through_kept_descriptors_and_after_
         child = started[0].pid
         assert child in proctree.own_children()
         assert str(thread.native_id) in proctree._children_files
-        before = sorted(os.listdir("/proc/self/fd"))
+        # read again through the same descriptors (their objects, not a listing of /proc/self/fd: under
+        # xdist another thread of this process may open or close a descriptor meanwhile)
+        before = dict(proctree._children_files)
         assert child in proctree.own_children()
-        assert sorted(os.listdir("/proc/self/fd")) == before  # read again through the same descriptors
+        assert all(proctree._children_files.get(tid) is file for tid, file in before.items()
+                   if os.path.exists(f"/proc/self/task/{tid}"))
         done.set()
         thread.join(30)
         assert child in proctree.own_children()  # now listed under a live thread
