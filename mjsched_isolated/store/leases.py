@@ -409,6 +409,15 @@ def _claim_payload(requests: Sequence[ClaimRequest], tokens: Sequence[str]) -> s
     ]).decode()
 
 
+def _finish_payload(outcomes: Sequence[Outcome]) -> str:
+    """The JSON rows of the one-statement results (``finish_plain_pg``)."""
+    return msgspec.json.encode([{
+        "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
+        "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
+        "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
+        "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
+
+
 def _plain_claims(requests: Sequence[ClaimRequest]) -> bool:
     """Each request takes the lease if free (not only if unheld) of an occurrence seen, changes no status and
     ends no retry; each job once."""
@@ -837,13 +846,8 @@ class Leases:
         """PostgreSQL, a plain batch (:func:`_plain`): :meth:`finish_runs` as ONE statement in autocommit
         (``finish_plain_pg``: one round trip instead of BEGIN, three statements and COMMIT), the same rows
         written. True per outcome written."""
-        payload = msgspec.json.encode([{
-            "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
-            "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
-            "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
-            "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
         with self.reader.connect() as conn:
-            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": payload})}
+            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": _finish_payload(outcomes)})}
         return [o.run_id in written for o in outcomes]
 
     def _finish_rows_pg(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
