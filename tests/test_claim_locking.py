@@ -413,35 +413,3 @@ def test_a_contended_poll_on_postgresql_still_skips_a_skip_job_whose_run_is_live
         assert store.list_runs(job_name="held") == [] and row["skipped_count"] == 1
         assert row["next_run_at"] > held["next_run_at"]
         assert [r["scheduled_at"] for r in store.list_runs(job_name="free")] == [free["next_run_at"]]
-
-
-def test_a_saturated_poll_on_postgresql_reads_the_live_skip_jobs_with_its_due_read(tmp_path, monkeypatch):
-    """Issue 11, a deep backlog: a poll that finds more due than it has idle workers skips the due Skip jobs
-    whose run is live beyond what it read; on PostgreSQL those come with the due read (one round trip, not a
-    second read after the claims), and are skipped all the same; a job this poll judged is not skipped twice."""
-    with isolated_database("postgresql", tmp_path) as url, _driven(url, 1) as (store, d):
-        at = d.timeline()
-        real_now = store.db_now()
-        store.register_supervisor("peer", "host", 1, 3600.0)
-        first, held, later = (add_job(store, name, "ok", "0 0 1 1 *", now=real_now,
-                                      next_run_at=real_now - dt.timedelta(seconds=s), concurrency_mode="Skip")
-                              for name, s in (("first", 30), ("held", 20), ("later", 10)))
-        with store.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE jobs SET lock_token = 'peer-token', locked_by_instance = 'peer', "
-                                 "locked_at = now(), expected_completion_at = now() + interval '1 hour' "
-                                 "WHERE id = :i"), {"i": held["id"]})
-            conn.execute(sa.text("INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, "
-                                 "lock_token, attempt, missed_count) VALUES (:i, :at, :at, 'Running', 'peer', "
-                                 "'peer-token', 1, 0)"), {"i": held["id"], "at": real_now.replace(tzinfo=None)})
-        separate: list[str] = []
-        read_alone = store.due_live_skip_jobs
-        monkeypatch.setattr(store, "due_live_skip_jobs", lambda *a, **k: separate.append(k.get("mode", "Skip"))
-                            or read_alone(*a, **k))
-        at(0.0)
-        assert "Skip" not in separate  # the rescan's Replace read is its own; the live Skip read came along
-        assert [r["scheduled_at"] for r in store.list_runs(job_name="first")] == [first["next_run_at"]]
-        row = store.get_job("held")
-        assert [r["executed_by_instance"] for r in store.list_runs(job_name="held")] == ["peer"]
-        assert row["skipped_count"] == 1 and row["next_run_at"] > held["next_run_at"]
-        row = store.get_job("later")  # not read (one worker), not live: still due, for the next poll
-        assert row["skipped_count"] == 0 and row["next_run_at"] == later["next_run_at"]

@@ -992,11 +992,6 @@ def test_due_live_skip_jobs_are_the_due_skip_jobs_whose_lease_is_live(any_store)
     assert [j["name"] for j in store.due_live_skip_jobs(at, 10, exclude={held["s1"]["id"]})] == ["s2"]
     assert store.due_live_skip_jobs(NOW + dt.timedelta(milliseconds=999), 10)[0]["name"] == "s1"
     assert store.due_live_skip_jobs(NOW, 10) == []
-    # PostgreSQL reads them with the due jobs in one statement (issue 11): the same rows, each part in its order
-    for when, limit, live_limit in ((at, 10, 10), (at, 2, 1), (NOW, 10, 10)):
-        both = store.due_jobs_and_live_skips(when, limit, live_limit)
-        assert both is None if store.dialect != "postgresql" else both == (
-            store.due_jobs(when, limit), store.due_live_skip_jobs(when, live_limit))
 
 
 def test_queue_job_due_again_once_lease_expired(any_store):

@@ -134,12 +134,6 @@ class Store:
         holds (PostgreSQL) (:meth:`Jobs.due_jobs`)."""
         return self.jobs.due_jobs(now, limit, exclude, skip_locked)
 
-    def due_jobs_and_live_skips(self, now: dt.datetime, limit: int,
-                                live_limit: int) -> tuple[list[JobRow], list[JobRow]] | None:
-        """The due jobs and the due Skip jobs whose run is live, in one round trip; None where there is no
-        such read (:meth:`Jobs.due_jobs_and_live_skips`)."""
-        return self.jobs.due_jobs_and_live_skips(now, limit, live_limit)
-
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
                            mode: str = "Skip") -> list[JobRow]:
         """Due Skip (or ``mode``) jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""

@@ -52,7 +52,6 @@ class Jobs:
         self.dialect = engine.dialect.name
         # the poll's reads without exclusions: compiled once, run through the DBAPI cursor (:mod:`.driver`)
         self._due_prepared: Prepared | None = None
-        self._due_live_prepared: Prepared | None = None  # PostgreSQL: the due read and the live Skip read as one
         self._next_due_prepared: Prepared | None = None
         self._live_skip_prepared: dict[str, Prepared] = {}  # by concurrency mode (Skip, Replace)
         self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
@@ -206,32 +205,6 @@ class Jobs:
             self._ahead_read_at = now
             return self._from_read_ahead(conn, now, limit)
 
-    def due_jobs_and_live_skips(self, now: dt.datetime, limit: int,
-                                live_limit: int) -> tuple[list[JobRow], list[JobRow]] | None:
-        """PostgreSQL: :meth:`due_jobs` (no exclusion, no locking) and :meth:`due_live_skip_jobs` (Skip, at most
-        ``live_limit``) in ONE statement, one round trip instead of two for a poll that finds more due than
-        it can start (issue 11: a deep backlog reads both at every poll). None on the other databases (SQLite
-        reads ahead; the caller reads them one by one)."""
-        if self.dialect != "postgresql":
-            return None
-        if self._due_live_prepared is None:
-            order = (jobs.c.next_run_at, jobs.c.last_run_at.is_not(None), jobs.c.last_run_at, jobs.c.id)
-            due = self._due_query(()).add_columns(
-                sa.literal(0, sa.Integer).label("part"), sa.func.row_number().over(order_by=order).label("ord"))
-            live = self._live_skip_query((), ConcurrencyMode.SKIP, "p_live_limit").add_columns(
-                sa.literal(1, sa.Integer).label("part"),
-                sa.func.row_number().over(order_by=(jobs.c.next_run_at, jobs.c.id)).label("ord"))
-            both = sa.union_all(*(sa.select(q.subquery()) for q in (due, live))).subquery("both")
-            self._due_live_prepared = Prepared(sa.select(both).order_by(both.c.part, both.c.ord), self.engine.dialect)
-        with self.reader.connect() as conn:
-            rows = self._due_live_prepared.mappings(conn, {"p_now": now, "p_limit": limit, "p_live_limit": live_limit})
-        found: tuple[list[JobRow], list[JobRow]] = ([], [])
-        for row in rows:
-            part = row.pop("part")
-            del row["ord"]
-            found[part].append(cast(JobRow, row))
-        return found
-
     def _from_read_ahead(self, conn: sa.Connection, now: dt.datetime, limit: int) -> list[JobRow]:
         """SQLite (issue 11): ordering the due jobs sorts the whole backlog (thousands of rows when thousands
         are due) at every poll, so one read takes the ids of up to :data:`READ_AHEAD_ROWS` of them, in order,
@@ -327,7 +300,7 @@ class Jobs:
         with self.reader.connect() as conn:
             return cast(list[JobRow], prepared.mappings(conn, params))
 
-    def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()], mode: str, limit: str = "p_limit") -> sa.Select:
+    def _live_skip_query(self, exclude: AbstractSet[int] | tuple[()], mode: str) -> sa.Select:
         """Read from the Running runs (``ix_runs_status``) holding their job's lease (the same token), so
         its cost follows the live runs, not the due jobs (a saturated supervisor reads it at every poll)."""
         leased = sa.select(runs.c.job_id).where(runs.c.status == RunStatus.RUNNING, runs.c.lock_token.is_not(None))
@@ -340,7 +313,7 @@ class Jobs:
         if exclude:
             conds.append(jobs.c.id.not_in(sorted(exclude)))
         return (sa.select(jobs).where(*conds)
-                .order_by(jobs.c.next_run_at, jobs.c.id).limit(sa.bindparam(limit, type_=sa.Integer)))
+                .order_by(jobs.c.next_run_at, jobs.c.id).limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
     def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
         """The earliest ``next_run_at`` by the rules of :meth:`due_jobs` (None if none): the first row

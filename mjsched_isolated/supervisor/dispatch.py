@@ -179,14 +179,7 @@ class Dispatcher:
         # contended on PostgreSQL, workers alike: the claim passes over the rows peers hold, not the read
         pooled = (contended and self.store.dialect == "postgresql"
                   and all(types[id(w)] == types[id(idle[0])] for w in idle))
-        excluded = self._excluded()
-        # the usual poll on PostgreSQL: the due Skip jobs whose run is live come with the due read (one round
-        # trip); they are skipped after the claims, as skip_live would, if more was due than this poll read
-        both = None if excluded or contended else self.store.due_jobs_and_live_skips(now, read, LIVE_SKIP_ROWS)
-        if both is not None:
-            due, live_skips = both
-        else:
-            due = self.store.due_jobs(now, limit=read, exclude=excluded, skip_locked=contended and not pooled)
+        due = self.store.due_jobs(now, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
         if contended:  # peers read the same first rows: each takes them in an order of its own, instant by instant
             due.sort(key=lambda j: (j["next_run_at"], self._shuffle.random()))
         if pooled:
@@ -194,7 +187,6 @@ class Dispatcher:
             due_loop: list[JobRow] = []
         else:
             due_loop = due
-        judged: set[int] = set()
         for job in due_loop:
             if not idle:
                 break
@@ -202,17 +194,13 @@ class Dispatcher:
             if worker is None and job["job_type"] in known:  # only a busy worker has it: wait for one
                 self.waiting_for_worker.add(job["id"])
                 continue
-            judged.add(job["id"])
             decided, next_run_at, job = self._decide(job, known, now)
             if decided:
                 worker = worker or idle[-1]
                 idle.remove(worker)
                 to_run.append((job, next_run_at, worker))
         self._claim_batch(to_run, now)
-        if len(due) == read and both is not None:  # more may be due than this poll could look at: the live Skip
-            # ones read with it, but those this poll judged (claimed, skipped or moved: their row read is stale)
-            self.skip_live(now, known, [job for job in live_skips if job["id"] not in judged])
-        elif len(due) == read:
+        if len(due) == read:  # more may be due than this poll could look at: the live Skip ones too
             self.skip_live(now, known)
         elif idle:  # the regular schedule first; workers it left idle run pending backfills and retries
             self.dispatch_backfills(now, idle, types, known)
@@ -275,16 +263,13 @@ class Dispatcher:
             if at is not None and at <= now:
                 self.skip_due_at[job_id] = None
 
-    def skip_live(self, now: dt.datetime, known: set[str], found: list[JobRow] | None = None) -> None:
+    def skip_live(self, now: dt.datetime, known: set[str]) -> None:
         """Skip the due occurrences of Skip jobs whose run is live (one indexed query, at most
-        :data:`LIVE_SKIP_ROWS` jobs; ``found``: those jobs, already read with the due read), as a lost claim
-        does in :meth:`_claim_batch`: counted in ``skipped_count``, logged, the ``concurrency`` metric and a
-        notice. Without it an occurrence that came due while every worker was busy would run late, after the
-        live run, as a catch-up (issue 12). The missed-run policy is applied first (:meth:`_decide`), as for
-        any due job."""
-        if found is None:
-            found = self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded())
-        for job in found:
+        :data:`LIVE_SKIP_ROWS` jobs), as a lost claim does in :meth:`_claim_batch`: counted in
+        ``skipped_count``, logged, the ``concurrency`` metric and a notice. Without it an occurrence that
+        came due while every worker was busy would run late, after the live run, as a catch-up (issue 12).
+        The missed-run policy is applied first (:meth:`_decide`), as for any due job."""
+        for job in self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded()):
             decided, next_run_at, job = self._decide(job, known, now)
             if decided and job["next_run_at"] is not None:
                 self._skip_live_one(job, job["next_run_at"], next_run_at, now)
