@@ -253,3 +253,90 @@ def test_a_pooled_claim_takes_the_first_candidates_a_peer_does_not_hold_in_one_s
     with pytest.raises(ValueError, match="plain"):  # a retry, a status change...: not a candidate
         pg_store.claim_pool([ClaimRequest(fresh[0], None, 1.0, NOW, scheduled_at=NOW, status="Expired")], 1,
                             instance="sup")
+
+
+def _plan(store: Store, prepared, params: dict) -> tuple[set[str], set[str]]:
+    """(tables scanned sequentially, indexes used) in the plan PostgreSQL chooses for ``prepared``."""
+    seq: set[str] = set()
+    indexes: set[str] = set()
+
+    def walk(node: dict) -> None:
+        if node["Node Type"] == "Seq Scan":
+            seq.add(node["Relation Name"])
+        if "Index Name" in node:
+            indexes.add(node["Index Name"])
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    with store.engine.connect() as conn:
+        cursor = conn.connection.cursor()
+        cursor.execute("EXPLAIN (FORMAT JSON) " + prepared.sql, prepared._bind(params))
+        walk(cursor.fetchone()[0][0]["Plan"])
+    return seq, indexes
+
+
+def test_the_one_statement_batches_reach_their_rows_by_key_not_by_a_scan_of_the_table(pg_store):
+    """Issue 11, a deep backlog on PostgreSQL: the requests' rows (``json_to_recordset``, which the planner
+    takes for 100 rows whatever they are) must reach jobs and runs by primary key. Joined on them alone, the
+    planner scanned the whole jobs table twice per claim (its cost grew with the number of jobs: 3,000 jobs
+    due every second ran at half the rate of 1,000), and a result went through every Running entry of
+    ``ix_runs_status`` not yet vacuumed."""
+    template = _jobs(pg_store, "t", 1)[0]
+    columns = [c["name"] for c in sa.inspect(pg_store.engine).get_columns("jobs") if c["name"] not in ("id", "name")]
+    with pg_store.engine.begin() as conn:  # thousands of jobs and finished runs, with fresh statistics
+        cols = ", ".join(columns)
+        conn.execute(sa.text(f"INSERT INTO jobs (name, {cols}) SELECT 'bulk' || g, {cols} FROM jobs, "
+                             "generate_series(1, 3000) AS g WHERE jobs.id = :t"), {"t": template["id"]})
+        conn.execute(sa.text("INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, "
+                             "attempt, missed_count) SELECT id, :at, :at, 'Completed', 'sup', 1, 0 FROM jobs"),
+                     {"at": NOW.replace(tzinfo=None)})
+        conn.execute(sa.text("ANALYZE jobs"))
+        conn.execute(sa.text("ANALYZE runs"))
+    jobs = _jobs(pg_store, "a", 5)
+    requests = [ClaimRequest(job, NOW + dt.timedelta(minutes=1), 300.0, NOW + dt.timedelta(minutes=5),
+                             scheduled_at=NOW) for job in jobs]
+    payload = leases_mod._claim_payload(requests, [f"t{i}" for i in range(len(requests))])
+    leases = pg_store.leases
+    claim = {"p_payload": payload, "p_instance": "sup", "p_not_before": NOW}
+    for prepared, params in ((leases._claim_plain_pg, claim), (leases._claim_plain_skip_pg, claim),
+                             (leases._claim_pool_pg, {**claim, "p_limit": 3})):
+        assert _plan(pg_store, prepared, params) == (set(), {"jobs_pkey", "supervisors_pkey"})
+    outcomes = [o for o in _outcomes(pg_store, "b", 4) if o.token is not None]
+    assert _plan(pg_store, leases._finish_plain_pg, {"p_payload": leases_mod._finish_payload(outcomes)}) == (
+        set(), {"jobs_pkey", "runs_pkey"})
+
+
+def _bulk_jobs(store: Store, n: int, next_run_at_sql: str) -> None:
+    """``n`` more Active jobs like a template, ``next_run_at`` from ``next_run_at_sql`` (``g``: 1..n), analyzed."""
+    template = _jobs(store, "t", 1)[0]
+    columns = [c["name"] for c in sa.inspect(store.engine).get_columns("jobs")
+               if c["name"] not in ("id", "name", "next_run_at")]
+    cols = ", ".join(columns)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO jobs (name, next_run_at, {cols}) SELECT 'bulk' || g, {next_run_at_sql}, "
+                             f"{cols} FROM jobs, generate_series(1, {n}) AS g WHERE jobs.id = :t"),
+                     {"t": template["id"], "at": NOW.replace(tzinfo=None)})
+        conn.execute(sa.text("ANALYZE jobs"))
+
+
+def test_the_due_read_sorts_the_first_due_rows_not_the_whole_backlog(pg_store):
+    """Issue 11, a deep backlog on PostgreSQL: with 3,000 jobs overdue at 3,000 instants, a poll for 10 reads
+    the rows due by the 10th earliest instant (an ordered index walk), not every overdue row to sort them."""
+    # statistics taken while none was due (as after `jobs sync`): the planner expects no due row at all
+    _bulk_jobs(pg_store, 3000, "CAST(:at AS timestamp) + make_interval(secs => g)")
+    with pg_store.engine.begin() as conn:  # then all of them fall due, one second apart
+        conn.execute(sa.text("UPDATE jobs SET next_run_at = next_run_at - make_interval(secs => 2 * "
+                             "CAST(substr(name, 5) AS integer)) WHERE name LIKE 'bulk%'"))
+    due = pg_store.due_jobs(NOW, 10)
+    assert [j["name"] for j in due] == [f"bulk{g}" for g in range(3000, 2990, -1)]
+    prepared = pg_store.jobs._due_prepared
+    with pg_store.engine.connect() as conn:
+        cursor = conn.connection.cursor()
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + prepared.sql, prepared._bind({"p_now": NOW, "p_limit": 10}))
+        plan = cursor.fetchone()[0][0]["Plan"]
+
+    def rows_read(node: dict) -> int:
+        own = node["Actual Rows"] * node["Actual Loops"] if node.get("Relation Name") == "jobs" else 0
+        return own + sum(rows_read(child) for child in node.get("Plans", ()))
+
+    assert rows_read(plan) <= 40, plan

@@ -273,7 +273,14 @@ class Jobs:
         if locking:
             return (sa.select(jobs).where(*due).order_by(*order).limit(limit)
                     .with_for_update(read=True, key_share=True, skip_locked=True, of=jobs))
-        chosen = sa.select(jobs.c.id).where(*due).order_by(*order).limit(limit).subquery("due")
+        # the sort is bounded by the limit-th earliest next_run_at among the due (an ordered index walk that
+        # stops after ``limit`` rows): the first ``limit`` rows of the full order are all due by then, so only
+        # those rows and the ties of that instant are sorted, not the whole backlog (issue 11: 3,000 overdue
+        # jobs were all read and sorted at every poll, O(backlog))
+        firsts = sa.select(jobs.c.next_run_at).where(*due).order_by(jobs.c.next_run_at).limit(limit).subquery("firsts")
+        bound = sa.select(sa.func.max(firsts.c.next_run_at)).scalar_subquery()
+        chosen = (sa.select(jobs.c.id).where(*due, jobs.c.next_run_at <= bound).order_by(*order).limit(limit)
+                  .subquery("due"))
         return sa.select(jobs).join(chosen, chosen.c.id == jobs.c.id).order_by(*order)
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),

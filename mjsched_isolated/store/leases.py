@@ -263,6 +263,12 @@ class _Statements:
             # read the job row as it was, so the release compares the token the run was claimed with.
             # A scalar subquery over the locking CTE is evaluated once, before any job row is updated.
             release = "CASE WHEN jobs.lock_token = fin.token THEN NULL ELSE jobs.{0} END"
+            # the one-statement batches reach their rows by primary key: json_to_recordset is estimated at 100
+            # rows whatever it holds, so a join on it alone was planned as a hash join over a sequential scan
+            # of the whole table (every job, every run row not yet vacuumed: O(table), not O(batch); with 3,000
+            # jobs the claim's two scans of jobs took most of its time). ANY(ARRAY(subquery)) is an index
+            # condition the planner takes at any table size (issue 11, PostgreSQL deep backlog)
+            by_id = "ANY(ARRAY(SELECT {0} FROM {1}))"
             self.finish_plain_pg = sa.text(
                 "WITH v AS (SELECT * FROM json_to_recordset(CAST(:p_payload AS json)) AS r(id integer, job_id "
                 "integer, token varchar, status varchar, success boolean, error_message text, completed_at "
@@ -270,7 +276,8 @@ class _Statements:
                 "fin AS (UPDATE runs SET status = v.status, success = v.success, error_message = v.error_message, "
                 f"completed_at = COALESCE(v.completed_at, {now_sql}), details = v.details, duration_ms = "
                 "v.duration_ms, cpu_s = v.cpu_s, max_rss_mb = v.max_rss_mb FROM v WHERE runs.id = v.id AND "
-                "runs.status = 'Running' AND runs.lock_token IS NOT DISTINCT FROM v.token RETURNING runs.id, "
+                f"runs.id = {by_id.format('v.id', 'v')} AND runs.status || '' = 'Running' AND runs.lock_token IS NOT "
+                "DISTINCT FROM v.token RETURNING runs.id, "
                 "v.job_id, v.token, CASE WHEN v.success THEN 1 ELSE 0 END AS successes, v.duration_ms, "
                 "v.completed_at), "
                 "lk AS (SELECT jobs.id FROM jobs WHERE jobs.id IN (SELECT fin.job_id FROM fin) ORDER BY jobs.id "
@@ -298,7 +305,7 @@ class _Statements:
                 "upd AS (UPDATE jobs SET next_run_at = v.next_run_at, missed_count = jobs.missed_count + v.missed, "
                 f"skipped_count = jobs.skipped_count + v.skipped, lock_token = v.token, locked_at = {now_sql}, "
                 f"locked_by_instance = :p_instance, expected_completion_at = {now_sql} + make_interval(0, 0, 0, 0, 0, "
-                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id IN ({locked}) "
+                "0, v.lease_s) FROM v WHERE jobs.id = v.job_id AND jobs.id = ANY(ARRAY({locked})) "
                 "RETURNING jobs.id), "
                 "ins AS (INSERT INTO runs (job_id, scheduled_at, started_at, status, executed_by_instance, lock_token, "
                 f"deadline_at, queued_at, missed_count, attempt) SELECT v.job_id, v.scheduled_at, GREATEST({now_sql}, "
@@ -314,11 +321,12 @@ class _Statements:
             free = (f"(jobs.lock_token IS NULL OR jobs.expected_completion_at IS NULL OR jobs.expected_completion_at "
                     f"< {now_sql} OR NOT EXISTS (SELECT 1 FROM supervisors AS holder WHERE holder.instance = "
                     f"jobs.locked_by_instance AND holder.lease_expires_at > {now_sql}))")
+            by_job = by_id.format("v.job_id", "v")
             claim_sql = (
                 claim_rows_cte +
                 f"lk AS (SELECT jobs.id, jobs.next_run_at = v.seen AND {free} AS ok, jobs.next_run_at IS DISTINCT "
-                "FROM v.seen AS moved FROM jobs JOIN v ON jobs.id = "
-                "v.job_id ORDER BY jobs.id FOR UPDATE OF jobs{skip}), " +
+                f"FROM v.seen AS moved FROM jobs JOIN v ON jobs.id = v.job_id WHERE jobs.id = {by_job} "
+                "ORDER BY jobs.id FOR UPDATE OF jobs{skip}), " +
                 claim_writes_cte.format(locked="SELECT lk.id FROM lk WHERE lk.ok") +
                 "SELECT v.i, lk.id IS NOT NULL AND NOT lk.moved AS locked, ins.id, ins.started_at FROM v LEFT JOIN "
                 "lk ON lk.id = "
@@ -336,8 +344,8 @@ class _Statements:
             # counts only rows that passed them (PostgreSQL applies it above the row locking)
             self.claim_pool_pg = sa.text(
                 claim_rows_cte +
-                f"lk AS (SELECT jobs.id FROM jobs JOIN v ON jobs.id = v.job_id WHERE jobs.next_run_at = v.seen AND "
-                f"{free} ORDER BY v.i LIMIT :p_limit FOR UPDATE OF jobs SKIP LOCKED), " +
+                f"lk AS (SELECT jobs.id FROM jobs JOIN v ON jobs.id = v.job_id WHERE jobs.id = {by_job} AND "
+                f"jobs.next_run_at = v.seen AND {free} ORDER BY v.i LIMIT :p_limit FOR UPDATE OF jobs SKIP LOCKED), " +
                 claim_writes_cte.format(locked="SELECT lk.id FROM lk") +
                 "SELECT v.i, ins.id, ins.started_at FROM v JOIN ins ON ins.job_id = v.job_id",
             ).bindparams(
@@ -399,6 +407,15 @@ def _claim_payload(requests: Sequence[ClaimRequest], tokens: Sequence[str]) -> s
         "scheduled_at": _naive(r.scheduled_at), "queued_at": _naive(r.queued_at), "missed": r.missed,
         "skipped": r.skipped, "attempt": r.attempt} for i, (r, t) in enumerate(zip(requests, tokens, strict=True))
     ]).decode()
+
+
+def _finish_payload(outcomes: Sequence[Outcome]) -> str:
+    """The JSON rows of the one-statement results (``finish_plain_pg``)."""
+    return msgspec.json.encode([{
+        "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
+        "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
+        "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
+        "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
 
 
 def _plain_claims(requests: Sequence[ClaimRequest]) -> bool:
@@ -829,13 +846,8 @@ class Leases:
         """PostgreSQL, a plain batch (:func:`_plain`): :meth:`finish_runs` as ONE statement in autocommit
         (``finish_plain_pg``: one round trip instead of BEGIN, three statements and COMMIT), the same rows
         written. True per outcome written."""
-        payload = msgspec.json.encode([{
-            "id": o.run_id, "job_id": o.job_id, "token": o.token, "status": str(o.status), "success": o.success,
-            "error_message": fit_text(o.error_message), "completed_at": _naive(o.completed_at),
-            "details": fit_json(o.details), "duration_ms": o.duration_ms, "cpu_s": o.cpu_s,
-            "max_rss_mb": o.max_rss_mb} for o in outcomes]).decode()
         with self.reader.connect() as conn:
-            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": payload})}
+            written = {row[0] for row in self._finish_plain_pg.rows(conn, {"p_payload": _finish_payload(outcomes)})}
         return [o.run_id in written for o in outcomes]
 
     def _finish_rows_pg(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
