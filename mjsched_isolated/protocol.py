@@ -81,7 +81,9 @@ class RunLimits(msgspec.Struct, frozen=True):
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
     """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC); ``limits``
     the run's resource limits (None: none); ``attempt`` 1 for a first run, 2 for its first retry, ...;
-    ``previous_details`` a retry's previous attempt's details, as stored (JSON text; None: none)."""
+    ``previous_details`` a retry's previous attempt's details, as stored (JSON text; None: none);
+    ``start_at``: a run claimed ahead of its instant (``claim_ahead_s``) starts its plugin at this instant of
+    the worker's clock, never before (None: at once)."""
 
     run_id: int
     job_id: int
@@ -93,6 +95,7 @@ class RunRequest(msgspec.Struct, tag=True, frozen=True):
     limits: RunLimits | None = None
     attempt: int = 1
     previous_details: str | None = None
+    start_at: float | None = None
 
 
 class RunStarted(msgspec.Struct, tag=True, frozen=True):
