@@ -301,7 +301,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     claim_ahead_s: Annotated[float, _doc(
         "an idle supervisor claims an occurrence up to this many seconds before its instant and hands it to a "
         "worker, which starts it at the instant, never before (0: claimed at the instant); at most "
-        f"{MAX_CLAIM_AHEAD_S:g}")] = 0.05
+        f"{MAX_CLAIM_AHEAD_S:g}")] = 0.1
     heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
     heartbeat_lease_s: Annotated[float, _doc("a heartbeat extends the run's deadline to now + this many seconds")
                                  ] = 360.0

@@ -35,7 +35,7 @@ def test_an_occurrence_is_claimed_ahead_as_if_at_its_instant_and_handed_over_wit
     instant = start + dt.timedelta(seconds=1)
     for name in ("a", "b", "c"):
         add_job(store, name, "ok", YEARLY, next_run_at=instant)
-    at(instant - dt.timedelta(milliseconds=60))  # more than claim_ahead_s (50 ms) before it: not yet
+    at(instant - dt.timedelta(milliseconds=120))  # more than claim_ahead_s (100 ms) before it: not yet
     assert d.pool.submitted == []
     now = at(instant - dt.timedelta(milliseconds=40))
     assert sorted(r.job_name for r in d.pool.submitted) == ["a", "b", "c"]
