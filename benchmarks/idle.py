@@ -9,8 +9,9 @@ written with ``mjsched jobs sync`` before it starts), for the figures issue 11 a
 * ``burst``: ``--burst-jobs`` (20) jobs due at the same instant every second, cap = that many, 1 ms each,
   for ``--instants`` (60) instants from 3 s after the first run. Per instant, the lateness of the *last* of its runs
   to start (the job's own start, ``details.plugin_started_at``, minus ``scheduled_at``); p50 / p99 / max over
-  the instants, and the same for the claim (``started_at``). ``early``: runs whose code began before their
-  scheduled instant (must be 0: a run never starts early).
+  the instants, and the same for the claim (``started_at``: 0 for runs claimed ahead, which serve's
+  ``claim_ahead_s`` records as started at their instant). ``early``: runs whose code began before their
+  scheduled instant (must be 0: a run never starts early, claimed ahead or not).
 * ``kill``: 3 jobs that hang, every second, run deadline (``--lease-timeout-s``) 1 s, cap 3, for
   ``--kill-s`` (20 s) after the first run, ``kill_grace_s`` ``--kill-grace-s`` (0: SIGKILL at the deadline,
   no SIGTERM grace; serve's default grace is 5 s): ``completed_at - deadline_at`` of their Timeout runs, p50 /

@@ -268,6 +268,7 @@ class Notifications(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [name for name, on in (("log", self.log), ("email", self.email), ("webhook", self.webhook)) if on]
 
 
+MAX_CLAIM_AHEAD_S = 1.0  # a claim further ahead holds a worker idle, and commits the run before edits can stop it
 MAX_RUN_OUTPUT_BYTES = 1024**3  # 1 GiB: beyond it a run's output belongs in a file it writes itself
 
 
@@ -297,6 +298,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         f"terminationGracePeriodSeconds, at most {MAX_KILL_GRACE_S:.0f}")] = 5.0
     rescan_interval_s: Annotated[float, _doc(
         "longest sleep in seconds before looking for job changes by others and runs of dead supervisors")] = 1.0
+    claim_ahead_s: Annotated[float, _doc(
+        "an idle supervisor claims an occurrence up to this many seconds before its instant and hands it to a "
+        "worker, which starts it at the instant, never before (0: claimed at the instant); at most "
+        f"{MAX_CLAIM_AHEAD_S:g}")] = 0.1
     heartbeat_interval_s: Annotated[float, _doc("at most one deadline extension per this many seconds")] = 300.0
     heartbeat_lease_s: Annotated[float, _doc("a heartbeat extends the run's deadline to now + this many seconds")
                                  ] = 360.0
@@ -361,6 +366,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                      "plugin_import_timeout_s", "lease_ttl_s", "lease_renew_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        if not 0 <= self.claim_ahead_s <= MAX_CLAIM_AHEAD_S:
+            raise InputError("claim_ahead_s", f"must be between 0 and {MAX_CLAIM_AHEAD_S:g} seconds, "
+                                              f"got {self.claim_ahead_s}")
         if not 0 <= self.kill_grace_s <= MAX_KILL_GRACE_S:
             raise InputError("kill_grace_s", f"must be between 0 and {MAX_KILL_GRACE_S:.0f} seconds, "
                                              f"got {self.kill_grace_s}")

@@ -82,10 +82,12 @@ class RunLimits(msgspec.Struct, frozen=True):
 class RunRequest(msgspec.Struct, tag=True, frozen=True):
     """Run one job. ``configuration`` is the stored JSON text; times are epoch seconds (UTC); ``limits``
     the run's resource limits (None: none); ``attempt`` 1 for a first run, 2 for its first retry, ...;
-    ``previous_details`` a retry's previous attempt's details, as stored (JSON text; None: none).
+    ``previous_details`` a retry's previous attempt's details, as stored (JSON text; None: none);
     ``notice_on_success`` / ``notice_on_failure``: whether a notice of that outcome would be sent (a
     notification channel is on and the job notifies on it): the plugin's ``format_notification`` is called
-    only then (issue 11: most runs notify no one)."""
+    only then (issue 11: most runs notify no one);
+    ``start_at``: a run claimed ahead of its instant (``claim_ahead_s``) starts its plugin at this instant of
+    the worker's clock, never before (None: at once)."""
 
     run_id: int
     job_id: int
@@ -99,6 +101,7 @@ class RunRequest(msgspec.Struct, tag=True, frozen=True):
     previous_details: str | None = None
     notice_on_success: bool = True
     notice_on_failure: bool = True
+    start_at: float | None = None
 
 
 class RunStarted(msgspec.Struct, tag=True, frozen=True):

@@ -96,6 +96,11 @@ class Dispatcher:
         # serve sets it before its first sweep: runs under its name are then a previous life's (never for a
         # manual run's supervisor: two `jobs run` may share a name, each with a live run)
         self.sweep_previous_life = False
+        # claim_ahead_s: database time -> epoch seconds of this machine's clock (a worker's start_at), and
+        # whether the liveness lease is still trusted claim_ahead_s from now (both set by the supervisor)
+        self.local_epoch: Callable[[dt.datetime], float] = lambda at: at.timestamp()
+        self.lease_valid_ahead: Callable[[], bool] = lambda: True
+        self.ahead = dt.timedelta(seconds=settings.claim_ahead_s)
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -179,7 +184,11 @@ class Dispatcher:
         # contended on PostgreSQL, workers alike: the claim passes over the rows peers hold, not the read
         pooled = (contended and self.store.dialect == "postgresql"
                   and all(types[id(w)] == types[id(idle[0])] for w in idle))
-        due = self.store.due_jobs(now, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
+        horizon = now + self.ahead if self.ahead and not pooled else now
+        due = self.store.due_jobs(horizon, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
+        ahead = [j for j in due if j["next_run_at"] is not None and j["next_run_at"] > now]
+        if ahead:  # not due yet: claimed ahead below, on the workers the due ones leave idle
+            due = [j for j in due if j["next_run_at"] is None or j["next_run_at"] <= now]
         if contended:  # peers read the same first rows: each takes them in an order of its own, instant by instant
             due.sort(key=lambda j: (j["next_run_at"], self._shuffle.random()))
         if pooled:
@@ -204,7 +213,46 @@ class Dispatcher:
             self.skip_live(now, known)
         elif idle:  # the regular schedule first; workers it left idle run pending backfills and retries
             self.dispatch_backfills(now, idle, types, known)
+            if ahead and idle:
+                self.claim_ahead(ahead, idle, types, known, now)
         self._forget_passed_skip_times(now)
+
+    def claim_ahead(self, ahead: list[JobRow], idle: list[Any], types: dict[int, set[str]], known: set[str],
+                    now: dt.datetime) -> None:
+        """Claim occurrences due within ``claim_ahead_s`` of ``now`` (``ahead``, by the due read's order) on the
+        ``idle`` workers, each as its claim at its instant would be - decided, claimed and handed over with
+        that instant as ``now`` (its ``started_at``, deadline and lease counted from it) - and hand them to
+        their workers, which start them at the instant by their own clock, never before
+        (``RunRequest.start_at``): the claim, the hand-over and the worker's wake-up are out of the way when
+        it comes (issue 11: 20 runs due at once took ~20 ms to claim and hand over one after another).
+        Only plain occurrences: the job's lease free as read (or a Concurrent job), no pending retry, not its
+        last occurrence, and the liveness lease still trusted ``claim_ahead_s`` from now. The others (a live
+        run, whose end may come first; a retry; the last occurrence) are left due and decided at their instant
+        as usual (:meth:`next_due_at` wakes the loop then); a claim that lost is not judged ahead (no skip):
+        the occurrence is looked at again at its instant. Used up workers are removed from ``idle``."""
+        if not self.lease_valid_ahead():
+            return
+        by_instant: dict[dt.datetime, list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]]] = {}
+        for job in ahead:
+            if not idle:
+                break
+            instant = job["next_run_at"]
+            if (instant is None or planner.pending_retry(job)
+                    or (job["lock_token"] is not None and job["concurrency_mode"] != "Concurrent")):
+                continue
+            worker = next((w for w in reversed(idle) if job["job_type"] in types[id(w)]), None)
+            if worker is None:  # only a busy worker (or none) has its type: decided at its instant
+                continue
+            decided, next_run_at, job = self._decide(job, known, instant)
+            if not decided or next_run_at is None or job["next_run_at"] != instant:
+                continue
+            idle.remove(worker)
+            by_instant.setdefault(instant, []).append((job, next_run_at, worker, instant))
+        for instant, items in sorted(by_instant.items()):
+            busy: set[int] = set()
+            self._claim_many(items, instant, busy, start_at=self.local_epoch(instant))
+            if busy:
+                self.contended_until = now + CONTENDED_FOR
 
     def dispatch_backfills(self, now: dt.datetime, idle: list[Any], types: dict[int, set[str]],
                            known: set[str]) -> None:
@@ -342,11 +390,13 @@ class Dispatcher:
         why = f"superseded by occurrence {iso(newest)} (concurrency_mode Replace: the newest occurrence runs)"
         return newest if self._skip(job, seen, newest, now, "concurrency", "Skipped", why) else None
 
-    def next_due_at(self) -> dt.datetime | None:
+    def next_due_at(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """When the loop must look again for due jobs. With no idle worker, the next occurrence of a Skip job
         whose run this supervisor holds (to skip it on time), else None (a result wakes the loop); and in any
         case the next occurrence of a Replace job whose run it holds (to replace that run on time). Jobs
-        waiting for a worker that has their type are left out: a result or a new worker wakes the loop."""
+        waiting for a worker that has their type are left out: a result or a new worker wakes the loop.
+        With an idle worker, ``claim_ahead_s`` before the next due occurrence (:meth:`claim_ahead`), or at
+        the occurrence itself when that moment has passed at ``now`` (it was not claimed ahead)."""
         live = {f.job_id for f in self.inflight.values()}
         for job_id in [j for j in self.replace_due_at if j not in live]:
             del self.replace_due_at[job_id]
@@ -357,6 +407,8 @@ class Dispatcher:
             due = min((at for at in self.skip_due_at.values() if at is not None), default=None)
         else:
             due = self.store.next_due_at(self._excluded() | self.waiting_for_worker)
+            if due is not None and self.ahead and (now is None or due - self.ahead > now):
+                due -= self.ahead
         return min((at for at in (due, replace_at) if at is not None), default=None)
 
     def _excluded(self) -> set[int]:
@@ -587,14 +639,15 @@ class Dispatcher:
         return self._claim_many([(job, next_run_at, worker, scheduled_at)], now)[0]
 
     def _claim_many(self, items: list[tuple[JobRow, dt.datetime | None, Any, dt.datetime | None]],
-                    now: dt.datetime, busy: set[int] | None = None, pool: list[Any] | None = None
-                    ) -> list[InFlight | None]:
+                    now: dt.datetime, busy: set[int] | None = None, pool: list[Any] | None = None,
+                    start_at: float | None = None) -> list[InFlight | None]:
         """Claim (job, next_run_at, worker, scheduled_at) items in one transaction, then hand each won run
         to its worker. One :class:`InFlight` (or None: lost) per item, in order. ``busy``: see
         ``Store.claim_many`` (job rows locked by another supervisor are skipped, their indexes added).
         ``pool`` (:meth:`_dispatch_pooled`; the items' workers None): idle workers, as many claims as there are
         of them among the items (``Store.claim_pool``), each won run handed to one taken from the list; the
-        others are not taken (not lost)."""
+        others are not taken (not lost). ``start_at``: claimed ahead (:meth:`claim_ahead`, ``now`` its instant),
+        the workers start the runs at this instant of their clock (epoch seconds)."""
         if not items:
             return []
         holding = self.clock.holding_takeovers(now)
@@ -635,7 +688,7 @@ class Dispatcher:
                 worker = pool.pop()
             flights.append(None if claim is None else
                            self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
-                                           request.missed, request.attempt))
+                                           request.missed, request.attempt, start_at=start_at))
             if claim is not None and request.skipped:
                 self.metrics.occurrence_skipped("concurrency", request.skipped)
                 log.warning("job %s: %s occurrence%s after %s skipped: they came due while its run was live "
@@ -663,9 +716,10 @@ class Dispatcher:
 
     def _hand_over(self, job: JobRow, worker: Any, scheduled_at: dt.datetime | None, deadline: dt.datetime,
                    timeout_s: float, claim: Claim, now: dt.datetime, missed: int = 0,
-                   attempt: int = 1, backfill: bool = False) -> InFlight:
+                   attempt: int = 1, backfill: bool = False, start_at: float | None = None) -> InFlight:
         """Record ``claim`` as in flight and send its ``RunRequest`` to ``worker``. ``backfill``: a pending
-        backfill or retry, whose start is not counted as lateness of its (past) occurrence."""
+        backfill or retry, whose start is not counted as lateness of its (past) occurrence. ``start_at``: a
+        run claimed ahead, started by its worker at this instant (epoch seconds of this machine's clock)."""
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.attempt = attempt
@@ -679,7 +733,7 @@ class Dispatcher:
             deadline_at=deadline.timestamp(), limits=limits, attempt=attempt,
             previous_details=self._previous_details(job, scheduled_at, attempt, flight),
             notice_on_success=notify and bool(job.get("notify_on_success")),  # as notices.for_run judges
-            notice_on_failure=notify and bool(job.get("notify_on_failure", True)))
+            notice_on_failure=notify and bool(job.get("notify_on_failure", True)), start_at=start_at)
         if limits is not None and limits.max_cpu_s is not None:
             watch_cpu(flight, self.pool.tree_cpu_s(worker), limits.max_cpu_s, now)
         try:

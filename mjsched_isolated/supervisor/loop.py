@@ -72,6 +72,11 @@ class Supervisor:
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.dispatcher.cancel_flight = lambda flight, now, reason: self.guard.cancel(flight, now, reason, retry=False)
+        # claim_ahead_s: a database instant on this machine's own clock (a worker's start_at), and whether
+        # the liveness lease is still trusted claim_ahead_s from now
+        self.dispatcher.local_epoch = lambda at: (at - self.liveness.db_offset).timestamp() - self.clock.skew_s
+        self.dispatcher.lease_valid_ahead = lambda: self.liveness.valid(self.clock.monotonic()
+                                                                        + settings.claim_ahead_s)
         self.pruner = Pruner(store, settings.retention)  # run retention: one batch per step at most
         self.poll_trouble = Trouble(log, "poll")  # a failing poll is logged once, then counted
         self.db_file = DatabaseFile.of(store.engine.url)  # a SQLite file deleted or replaced under us stops polls
@@ -220,7 +225,7 @@ class Supervisor:
                 if self.dispatcher.next_rescan_at is None or now >= self.dispatcher.next_rescan_at:
                     self.dispatcher.rescan(now)
                 self.dispatcher.dispatch_due(now)
-                next_due = self.dispatcher.next_due_at()
+                next_due = self.dispatcher.next_due_at(now)
                 self.metrics.poll(None)
                 self.poll_trouble.recovered(mono)
             except Exception as exc:  # noqa: BLE001 - a database outage must not kill the supervisor

@@ -41,6 +41,9 @@ MAX_DETAILS_BYTES = 64 * 1024  # larger details are replaced by a preview: the r
 MAX_ERROR_CHARS = 4000
 MAX_DETAILS_DEPTH = 64  # nesting levels of details; MySQL/MariaDB's JSON type refuses more than 100
 TRACEBACK_TAIL_CHARS = 4000
+# a run claimed ahead waits at most this long for its start_at (claim_ahead_s is at most 1 s): a longer wait
+# means this machine's wall clock stepped back meanwhile, and the supervisor follows such jumps itself
+MAX_START_WAIT_S = 2.0
 
 
 class Sender(Protocol):
@@ -87,9 +90,24 @@ def _parse_valid(registry: Registry, job_type: str, configuration: str | None) -
     return parsed, None
 
 
+def wait_for_start(start_at: float | None, max_wait_s: float = MAX_START_WAIT_S) -> None:
+    """Sleep until this process's wall clock reads ``start_at`` (epoch seconds; None: return at once), never
+    returning before it: a sleep that ends early (a signal, a monotonic clock running ahead of the slewed wall
+    clock) sleeps again. Gives up after ``max_wait_s`` of the monotonic clock (a wall clock stepped back)."""
+    if start_at is None:
+        return
+    give_up = time.monotonic() + max_wait_s
+    while (left := start_at - time.time()) > 0:
+        remaining = give_up - time.monotonic()
+        if remaining <= 0:
+            return
+        time.sleep(min(left, remaining))
+
+
 def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         describe_error: Callable[[BaseException], str | None] | None = None,
-        deadline_updates: Callable[[], float | None] | None = None) -> protocol.RunFinished:
+        deadline_updates: Callable[[], float | None] | None = None,
+        before_start: Callable[[float | None], None] | None = None) -> protocol.RunFinished:
     """Execute one run and build its :class:`~mjsched_isolated.protocol.RunFinished`.
 
     Sends ``RunStarted`` before the plugin's ``execute`` (when logging at DEBUG: issue 11) and (throttled to one per
@@ -102,6 +120,9 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
     None (:meth:`~mjsched_isolated.worker.inbox.Inbox.deadline_for`); ``context.deadline_at`` follows it.
     The plugin's notice (``notification``) is formatted only for an outcome the request says is notified
     (``notice_on_success``, ``notice_on_failure``).
+    ``before_start(req.start_at)`` is called just before the plugin, everything else about the run ready:
+    the worker waits there until a run claimed ahead of its instant may start (:func:`wait_for_start`; a
+    fake pool's in-process runs do not wait).
     """
     configuration, error = _parse_valid(registry, req.job_type, req.configuration)
     if error is not None:
@@ -125,9 +146,11 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         deadline_updates=None if deadline_updates is None else lambda: _from_epoch(deadline_updates()),
         attempt=req.attempt, previous_details=_json_object(req.previous_details),
     )
+    plugin = cls()
+    if before_start is not None:
+        before_start(req.start_at)
     if logging.getLogger().isEnabledFor(logging.DEBUG):  # its only reader is the supervisor's debug line
         sender.send(protocol.RunStarted(run_id=req.run_id, at=time.time()))
-    plugin = cls()
     try:
         result = _call(plugin, context)
         if not isinstance(result, ScheduledJobResult):

@@ -29,7 +29,7 @@ import msgspec
 
 from mjsched_isolated import cgroups, logs, proctree, protocol
 from mjsched_isolated.worker import accounting, hygiene, limit_hints, limits, watchdog
-from mjsched_isolated.worker.execute import run, scrub, validate
+from mjsched_isolated.worker.execute import run, scrub, validate, wait_for_start
 from mjsched_isolated.worker.inbox import Inbox
 from mjsched_isolated.worker.output import OutputCapture
 
@@ -113,7 +113,8 @@ def main(conn: Connection | protocol.Channel, plugins_dir: str | None, parent_pi
             _in_run = True
             try:
                 result = run(registry, message, sender, functools.partial(limits.describe, applied=applied),
-                             deadline_updates=functools.partial(inbox.deadline_for, message.run_id))
+                             deadline_updates=functools.partial(inbox.deadline_for, message.run_id),
+                             before_start=functools.partial(_hold_until, parent_pid))
             finally:
                 _in_run = False
             cpu_s, max_rss_mb = meter.stop()
@@ -145,6 +146,19 @@ def main(conn: Connection | protocol.Channel, plugins_dir: str | None, parent_pi
             if retiring is not None:  # the pool gives this child no other run; left threads must not hold it
                 logging.shutdown()
                 os._exit(0)
+
+
+def _hold_until(parent_pid: int, start_at: float | None) -> None:
+    """A run claimed ahead of its instant (``claim_ahead_s``) starts its plugin at ``start_at``, never before
+    (:func:`~mjsched_isolated.worker.execute.wait_for_start`). If the supervisor died meanwhile, the plugin
+    never starts: this worker exits (its watchdog would end it anyway), and the run row is failed as
+    abandoned, as any run of a dead supervisor is."""
+    if start_at is None:
+        return
+    wait_for_start(start_at)
+    if os.getppid() != parent_pid:
+        logging.shutdown()
+        os._exit(0)
 
 
 def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest) -> str | None:

@@ -1,0 +1,150 @@
+"""``claim_ahead_s`` (issue 11, idle dispatch): an idle supervisor claims a plain occurrence shortly before its
+instant and hands it over; the worker starts the plugin at the instant by its own clock, never before. The
+decisions on the in-process fake pool; the start at the instant (and never before) with real workers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+
+import pytest
+from conftest import add_job
+
+from mjsched_isolated.config import Settings
+from mjsched_isolated.errors import InputError
+from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.worker import main as worker_main
+from mjsched_isolated.worker.execute import wait_for_start
+
+YEARLY = "0 0 1 1 *"  # never due again within a test
+
+
+def _steps(d):
+    """(start, ``at(instant)``): :meth:`Driver.timeline` by database instants instead of seconds."""
+    seconds = d.timeline()
+    start = seconds(0)
+    return start, lambda instant: seconds((instant - start).total_seconds())
+
+
+def test_an_occurrence_is_claimed_ahead_as_if_at_its_instant_and_handed_over_with_it(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=3, lease_timeout_s=60)
+    d.pool.hold()
+    start, at = _steps(d)
+    instant = start + dt.timedelta(seconds=1)
+    for name in ("a", "b", "c"):
+        add_job(store, name, "ok", YEARLY, next_run_at=instant)
+    at(instant - dt.timedelta(milliseconds=120))  # more than claim_ahead_s (100 ms) before it: not yet
+    assert d.pool.submitted == []
+    now = at(instant - dt.timedelta(milliseconds=40))
+    assert sorted(r.job_name for r in d.pool.submitted) == ["a", "b", "c"]
+    epoch = d.supervisor.dispatcher.local_epoch(instant)
+    assert abs(epoch - instant.timestamp()) < 0.01  # the same clock here
+    assert {r.start_at for r in d.pool.submitted} == {epoch}  # each worker starts it at the instant
+    assert {r.deadline_at for r in d.pool.submitted} == {(instant + dt.timedelta(seconds=60)).timestamp()}
+    for request in d.pool.submitted:
+        run = store.get_run(request.run_id)
+        assert run["scheduled_at"] == instant and run["started_at"] == instant  # never recorded as early
+    # the loop sleeps until claim_ahead_s before the next occurrence (a year away), not until this one
+    assert d.supervisor.dispatcher.next_due_at(now) is None or d.supervisor.dispatcher.next_due_at(now) > instant
+
+
+def test_a_job_whose_run_is_live_is_neither_claimed_nor_skipped_ahead_of_its_instant(mem_store, fake_factory):
+    """A Skip job's next occurrence comes due while its run is live: the run may end before the instant, so
+    the occurrence is judged at its instant, as without claim_ahead_s (skipped then); the loop wakes at the
+    instant, not in a loop before it."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2)
+    d.pool.hold("s")
+    add_job(store, "s", "ok", "* * * * * *", concurrency_mode="Skip")
+    _, at = _steps(d)
+    assert [r.job_name for r in d.pool.submitted] == ["s"]  # its run, live
+    instant = store.get_job("s")["next_run_at"]
+    now = at(instant - dt.timedelta(milliseconds=30))
+    assert len(d.pool.submitted) == 1 and store.get_job("s")["skipped_count"] == 0
+    assert d.supervisor.dispatcher.next_due_at(now) == instant
+    at(instant + dt.timedelta(milliseconds=1))
+    assert store.get_job("s")["skipped_count"] == 1 and len(d.pool.submitted) == 1
+
+
+def test_a_jobs_last_occurrence_is_claimed_at_its_instant(mem_store, fake_factory):
+    """The claim of a last occurrence also expires the job (its status and updated_at written): not ahead."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=2)
+    start, at = _steps(d)
+    instant = start + dt.timedelta(seconds=1)
+    add_job(store, "last", "ok", YEARLY, next_run_at=instant, end_at=instant + dt.timedelta(days=1))
+    now = at(instant - dt.timedelta(milliseconds=30))
+    assert d.pool.submitted == [] and d.supervisor.dispatcher.next_due_at(now) == instant
+    at(instant)
+    assert [(r.job_name, r.start_at) for r in d.pool.submitted] == [("last", None)]
+    assert store.get_job("last")["status"] == "Expired"
+
+
+def test_claim_ahead_s_0_claims_at_the_instant(mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1, claim_ahead_s=0)
+    start, at = _steps(d)
+    instant = start + dt.timedelta(seconds=1)
+    add_job(store, "plain", "ok", YEARLY, next_run_at=instant)
+    now = at(instant - dt.timedelta(milliseconds=30))
+    assert d.pool.submitted == [] and d.supervisor.dispatcher.next_due_at(now) == instant
+    at(instant)
+    assert [(r.job_name, r.start_at) for r in d.pool.submitted] == [("plain", None)]
+
+
+def test_runs_claimed_ahead_start_at_their_instant_never_before(store, driver_factory):
+    """Real workers: the runs are handed over before their instant (claim_ahead_s 0.5 s here, so a loaded
+    machine cannot make the claim late) and each plugin begins at the instant, not when its request came."""
+    d = driver_factory(max_concurrent_jobs=3, claim_ahead_s=0.5)
+    d.until(lambda: len(d.pool.idle_workers()) == 3)
+    handed: dict[int, float] = {}
+    submit = d.pool.submit
+
+    def timed_submit(worker, request):
+        handed[request.run_id] = time.time()
+        submit(worker, request)
+
+    d.pool.submit = timed_submit
+    instant = utcnow() + dt.timedelta(seconds=0.8)
+    for name in ("a", "b", "c"):
+        add_job(store, name, "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 3 and all(r["status"] == "Completed" for r in store.list_runs(limit=10)))
+    runs = store.list_runs(limit=10)
+    assert len(runs) == 3
+    for run in runs:
+        assert handed[run["id"]] < instant.timestamp()  # claimed and handed over ahead
+        assert run["started_at"] == instant
+        began = run["details"]["plugin_started_at"]
+        assert instant.timestamp() <= began < instant.timestamp() + 0.5  # at the instant, never before
+
+
+def test_wait_for_start_never_returns_before_its_instant_and_gives_up_on_a_clock_stepped_back():
+    start_at = time.time() + 0.03
+    wait_for_start(start_at)
+    assert time.time() >= start_at
+    before = time.monotonic()
+    wait_for_start(time.time() + 3600, max_wait_s=0.02)  # a wall clock an hour behind: not held an hour
+    assert time.monotonic() - before < 1.0
+    wait_for_start(None)
+
+
+def test_a_worker_whose_supervisor_died_while_its_run_waited_never_starts_the_plugin():
+    """``_hold_until`` in a child whose parent is not the supervisor it was given: it exits (status 0)
+    instead of returning into the plugin's call (status 3)."""
+    for supervisor_pid, expected in ((os.getpid(), 3), (os.getpid() + 1_000_000, 0)):
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child
+            try:
+                worker_main._hold_until(supervisor_pid, time.time() + 0.01)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == expected
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.5, float("nan")])
+def test_claim_ahead_s_is_bounded(value):
+    with pytest.raises(InputError, match="claim_ahead_s"):
+        Settings(claim_ahead_s=value)
