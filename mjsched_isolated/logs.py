@@ -15,7 +15,10 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 WORKER_TEXT_FORMAT = "%(asctime)s %(levelname)s [worker {pid}] %(name)s: %(message)s"
@@ -83,6 +86,81 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class BatchingStreamHandler(logging.StreamHandler):
+    """A ``StreamHandler`` whose lines can be written in batches: while a thread holds a batch
+    (:func:`batched`), the lines it logs are kept and written together, with one ``write`` and one flush,
+    when the batch ends (issue 11: the supervisor's loop logs a line per run started and one per run
+    ended, each written and flushed on its own). A line another thread logs meanwhile writes the kept
+    lines first, then its own: the file keeps the order in which the lines were logged. Without a batch it
+    is a plain ``StreamHandler``."""
+
+    def __init__(self, stream: object = None) -> None:
+        super().__init__(stream)
+        self._holder: int | None = None  # the thread whose lines are kept
+        self._kept: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:  # called with self.lock held (Handler.handle)
+        if self._holder is not None:
+            if self._holder == threading.get_ident():
+                try:
+                    self._kept.append(self.format(record) + self.terminator)
+                except Exception:  # noqa: BLE001 - as StreamHandler.emit: a bad record never breaks the caller
+                    self.handleError(record)
+                if len(self._kept) >= BATCH_MAX_LINES:
+                    self._write_kept()
+                return
+            self._write_kept()
+        super().emit(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            if self._kept:
+                self._write_kept()
+            else:
+                super().flush()
+
+    def _write_kept(self) -> None:
+        if self._kept:
+            text, self._kept = "".join(self._kept), []
+            try:
+                self.stream.write(text)
+                super().flush()
+            except Exception:  # noqa: BLE001 - as logging.Handler.handleError without a record: never raise
+                if logging.raiseExceptions:
+                    sys.stderr.write("--- Logging error: batched lines could not be written ---\n")
+
+    def start_batch(self) -> bool:
+        """Keep this thread's lines from now on; False (nothing done) if a batch is already held."""
+        with self.lock:  # type: ignore[union-attr]
+            if self._holder is not None:
+                return False
+            self._holder = threading.get_ident()
+            return True
+
+    def end_batch(self) -> None:
+        """Write the kept lines (one write) and stop keeping them."""
+        with self.lock:  # type: ignore[union-attr]
+            self._holder = None
+            self._write_kept()
+
+
+BATCH_MAX_LINES = 256  # a batch this long is written at once: memory stays small, lines do not wait long
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Within the block, this thread's log lines are written together at its end (see
+    :class:`BatchingStreamHandler`; nothing changes where the root logger has none). The supervisor's loop
+    holds one from the start of a cycle to its wait, and from the wait's end to the cycle's end: a line
+    is written at the latest when the loop next waits. Nested blocks join the outer one."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, BatchingStreamHandler) and h.start_batch()]
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.end_batch()
+
+
 def configure(level: str | int, fmt: str = "text", instance: str | None = None, *,
               worker_pid: int | None = None) -> None:
     """Replace the root logger's handlers with one stderr handler in ``fmt`` (``text`` or ``json``) at
@@ -91,7 +169,7 @@ def configure(level: str | int, fmt: str = "text", instance: str | None = None, 
     process (no format shows them). Raises ``ValueError`` for an unknown ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"log_format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BatchingStreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter(instance, worker_pid))
     else:

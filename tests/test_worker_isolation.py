@@ -425,3 +425,32 @@ def test_a_lone_surrogate_in_a_result_is_sent_as_u_fffd_not_a_dead_worker(plugin
             assert not finished.success and "bad\ufffdname" in finished.error_message
         after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
         assert after.success and after.details["pid"] == pid
+
+
+def test_restore_finds_a_closed_standard_descriptor_and_a_real_timer_in_few_calls(monkeypatch):
+    """In process: a closed fd 0 is found by one poll() (POLLNVAL) and put back; a periodic ITIMER_REAL
+    (what alarm() sets) is reported as the pending alarm and cancelled by alarm(0), no getitimer of it."""
+    import signal
+
+    from mjsched_isolated.worker import hygiene
+
+    state = hygiene.ProcessState.capture()
+    timers_read: list[int] = []
+    real_getitimer = signal.getitimer
+    monkeypatch.setattr(signal, "getitimer", lambda which: timers_read.append(which) or real_getitimer(which))
+    monkeypatch.setattr(os, "get_blocking", lambda fd: pytest.fail("one poll, not a call per descriptor"))
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        signal.setitimer(signal.ITIMER_REAL, 50, 50)
+        changed = state.restore()
+        assert "file descriptor 0" in changed and "pending alarm" in changed
+        assert not any(c.startswith("interval timer") for c in changed)
+        assert real_getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        assert os.get_inheritable(0) is not None  # open again
+        assert state.restore() == []  # nothing changed since
+        assert signal.ITIMER_REAL not in timers_read
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        os.dup2(saved, 0)
+        os.close(saved)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mjsched_isolated import proctree, protocol
+from mjsched_isolated import logs, proctree, protocol
 from mjsched_isolated.config import Settings, redact_url
 from mjsched_isolated.errors import InputError
 from mjsched_isolated.errors import first_line as _short
@@ -181,10 +181,13 @@ class Supervisor:
         """Read the clocks, :meth:`step`, wait in ``Pool.wait`` (on every child pipe and sentinel and the
         ``extra`` handles) until the step's wake-up time (at most ``max_wait_s`` seconds), then
         :meth:`on_events`. Returns the ``extra`` handles that are ready. Never blocks past a due time,
-        deadline or renewal: a result, a crash, a signal or a due time ends the wait at once."""
-        now, mono = self.read_clock()
-        self._act_on_stop_requests(now, mono)
-        wake = self.step(now, mono)
+        deadline or renewal: a result, a crash, a signal or a due time ends the wait at once. The log lines
+        of the step and of the events are written in one batch each, before the wait
+        (:func:`~mjsched_isolated.logs.batched`)."""
+        with logs.batched():
+            now, mono = self.read_clock()
+            self._act_on_stop_requests(now, mono)
+            wake = self.step(now, mono)
         if self.done:
             return []
         timeout_s = (wake - self.read_clock()[0]).total_seconds()  # step() time must not delay the wake
@@ -194,7 +197,8 @@ class Supervisor:
             timeout_s = min(timeout_s, max_wait_s)
         probe = self.reloader.handles()
         events, woken = self.pool.wait(max(0.0, timeout_s), [*extra, *probe])
-        self.on_events(events, self.read_clock()[0])
+        with logs.batched():
+            self.on_events(events, self.read_clock()[0])
         if probe:
             self.reloader.poll(time.monotonic())
             woken = [h for h in woken if h not in probe]

@@ -219,7 +219,7 @@ def notice_text(plugin: BaseScheduledJob[Any], context: JobContext[Any],
             content = formatter(plugin, context, result)
             if not isinstance(content, NotificationContent):
                 raise TypeError(f"returned {type(content).__name__}, expected NotificationContent")
-            if content.priority not in set(Priority):
+            if content.priority not in _PRIORITIES:
                 raise ValueError(f"priority must be Low, Normal or High, got {content.priority!r}")
             metadata = content.metadata if isinstance(content.metadata, dict) else None
             subject = " ".join(clean_text(content.subject).split())  # one header line: no CR/LF, no NUL
@@ -232,6 +232,7 @@ def notice_text(plugin: BaseScheduledJob[Any], context: JobContext[Any],
     return None
 
 
+_PRIORITIES = frozenset(Priority)  # a notice's valid priorities (not a set of the enum built per notice)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -30,7 +31,12 @@ _signal: Any = importlib.import_module("_signal")
 LEFTOVER_REAP_TIMEOUT_S = 1.0
 
 
-_TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+# ITIMER_REAL is the timer alarm() sets: ``alarm(0)`` in restore() has cancelled it (value and interval)
+_TIMERS = (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+# fds 0-2 checked in one call: poll() reports POLLNVAL for a closed descriptor (no events asked for)
+_STD_FDS = select.poll()
+for _fd in (0, 1, 2):
+    _STD_FDS.register(_fd, 0)
 # every signal whose handler Python can read and set (SIGKILL and SIGSTOP cannot be caught)
 _SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
@@ -107,8 +113,9 @@ class ProcessState:
 
     def _restore_streams(self) -> list[str]:
         changed = []
+        closed = {fd for fd, events in _STD_FDS.poll(0) if events & select.POLLNVAL}
         for fd, saved in self.fds.items():
-            if saved is not None and not _is_open(fd):
+            if saved is not None and fd in closed:
                 os.dup2(saved, fd)
                 changed.append(f"file descriptor {fd}")
         names = ("stdin", "stdout", "stderr")
@@ -153,14 +160,6 @@ def _dup(fd: int) -> int | None:
         return None
     os.set_inheritable(copy, False)
     return copy
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.get_blocking(fd)  # one fcntl: no stat result built (three per run)
-    except OSError:
-        return False
-    return True
 
 
 def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: bool = False,
