@@ -158,6 +158,12 @@ def test_own_children_finds_a_thread_s_child_through_kept_descriptors_and_after_
                    if os.path.exists(f"/proc/self/task/{tid}"))
         done.set()
         thread.join(30)
+        # join() returns once the Python thread is done; the kernel task may outlive it for a moment
+        import time
+        gone_by = time.monotonic() + 10
+        while os.path.exists(f"/proc/self/task/{thread.native_id}") and time.monotonic() < gone_by:
+            time.sleep(0.001)
+        assert not os.path.exists(f"/proc/self/task/{thread.native_id}")
         assert child in proctree.own_children()  # now listed under a live thread
         assert str(thread.native_id) not in proctree._children_files
     finally:
