@@ -208,9 +208,14 @@ def next_after_claim(job: Row, now: dt.datetime) -> dt.datetime | None:
 
 
 def expired(job: Row, now: dt.datetime) -> bool:
-    """True when ``end_at`` has passed (the reference's ``isJobDue``: not due when now > EndAt)."""
+    """True when the job's due occurrence ``next_run_at`` lies after ``end_at`` (an ``end_at`` edited to
+    before it), judged once ``end_at`` has passed. An occurrence at or before ``end_at`` found a moment
+    later is a due occurrence like any late one, decided by the missed-run policy (APScheduler's
+    ``end_date``: the trigger fires up to it; the reference's ``isJobDue`` compares the poll's ``now``,
+    which always lost an occurrence at exactly ``EndAt``, found a few ms after it)."""
     end_at = job.get("end_at")
-    return end_at is not None and now > end_at
+    seen = job.get("next_run_at")
+    return end_at is not None and now > end_at and (seen is None or seen > end_at)
 
 
 MAX_RUN_TIMEOUT_S = 10 * 365 * 86400.0  # longer than any run; keeps datetime arithmetic in range

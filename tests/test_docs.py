@@ -144,3 +144,15 @@ def test_plugin_example_refuses_negative_retries() -> None:
     plugin = example_module().Ping()
     with pytest.raises(ConfigurationError, match=r"^configuration\.retries: must be >= 0$"):
         plugin.validate_configuration(plugin.parse_configuration('{"url": "http://x/", "retries": -1}'))
+
+
+def test_the_configuration_guides_sample_file_is_a_valid_configuration(tmp_path: Path) -> None:
+    """A new user's finding: the sample listed a key twice, so copied as a file it was refused."""
+    from mjsched_isolated import config
+
+    text = (ROOT / "docs" / "operating" / "configuration.md").read_text()
+    sample = re.search(r"```toml\n(# mjsched.toml.*?)```", text, re.S)
+    assert sample is not None
+    path = tmp_path / "mjsched.toml"
+    path.write_text(sample.group(1))
+    config.build_settings(config.read_config_file(str(path)))

@@ -431,14 +431,31 @@ def test_occurrences_between_counts_those_passed_over_with_jitter_end_and_bound(
     assert planner.occurrences_between(every_second, at(9), at(12)) == planner.MAX_COUNTED_OCCURRENCES
 
 
-def test_an_occurrence_found_after_end_at_is_counted_missed(mem_store, fake_factory):
-    """The job expires without running its last due occurrence: that one is missed, not lost."""
+def test_an_occurrence_after_end_at_is_counted_missed(mem_store, fake_factory):
+    """A due occurrence after ``end_at`` (an ``end_at`` edited to before it): the job expires without
+    running it; that one is missed, not lost."""
     store = mem_store
     d = fake_factory()
     now = utcnow()
-    add_job(store, "late", "ok", "* * * * * *", now=now, next_run_at=now - dt.timedelta(seconds=2),
-            end_at=now - dt.timedelta(seconds=1))
+    add_job(store, "late", "ok", "* * * * * *", now=now, next_run_at=now - dt.timedelta(seconds=1),
+            end_at=now - dt.timedelta(seconds=2))
     d.timeline()(0)
     job = store.get_job("late")
     assert (job["status"], job["missed_count"], job["skipped_count"], store.list_runs(job_name="late")) == (
         "Expired", 1, 0, [])
+
+
+def test_the_occurrence_at_end_at_runs_when_found_after_it(mem_store, fake_factory):
+    """A new user's finding: ``end_at`` on an occurrence (``0 * * * *`` ending on the hour) always lost that
+    last run, found a few ms after its instant. It runs (the job's missed-run policy decides, as for any late
+    occurrence) and the job then expires: nothing after ``end_at``."""
+    store = mem_store
+    d = fake_factory()
+    now = utcnow()
+    end_at = now - dt.timedelta(seconds=1)
+    add_job(store, "last", "ok", "* * * * * *", now=now, next_run_at=end_at, end_at=end_at)
+    d.timeline()(0)
+    job = store.get_job("last")
+    runs = store.list_runs(job_name="last")
+    assert [r["scheduled_at"] for r in runs] == [end_at]
+    assert (job["status"], job["next_run_at"], job["missed_count"]) == ("Expired", None, 0)

@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     _reads(rs, runs.cmd_show, read_only=True)
     rc = runs_p.add_parser("cancel", parents=[common, as_json],
                            help="cancel a live run: the supervisor holding it kills its process tree at its next "
-                                "lease renewal and records it Cancelled")
+                                "lease renewal (within lease_renew_interval_s, 10 s by default) and records it "
+                                "Cancelled")
     rc.add_argument("id", type=int, help="the run's id")
     rc.add_argument("--by", metavar="WHO", help="who asks, for the record (default: <user>@<host>)")
     rc.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="S",

@@ -430,7 +430,7 @@ class Dispatcher:
             if not self._runnable(job, known, None):
                 return False, None, job
             return True, job["retry_next_run_at"], job
-        if planner.expired(job, now):  # its due occurrence (before end_at) is not run: counted missed
+        if planner.expired(job, now):  # its due occurrence (after end_at) is not run: counted missed
             if self.store.set_next_run_at(job["id"], seen, None, now, status="Expired", missed=1):
                 self.metrics.occurrences_missed("dropped", 1)
                 log.warning("job %s expired: end_at %s has passed; occurrence %s not run",
