@@ -124,6 +124,7 @@ class PluginReloader:
             log.error("plugin reload refused: the new plugin code did not load within %.0f s; the current "
                       "workers stay", self.pool.ready_timeout_s)
             self.refused += 1
+            self.pool.reload_event()
             self._end_probe()
 
     def close(self) -> None:
@@ -137,7 +138,7 @@ class PluginReloader:
         self._probe = Pool(1, self.pool.plugins_dir, log_level=self.pool.log_level,
                            ready_timeout_s=self.pool.ready_timeout_s, import_timeout_s=self.pool.import_timeout_s,
                            log_format=self.pool.log_format, cgroups_mode=self.pool.cgroups_mode,
-                           keep_good_plugins=False)  # the probe judges the files on disk, without fallback
+                           probe=True)  # judges the files on disk: its copies start empty, no fallback
         self._probe_give_up = mono + self.pool.ready_timeout_s * 2
         self._probe.start()
 
@@ -158,10 +159,14 @@ class PluginReloader:
             self.refused += 1
         else:
             self.pool.fatal_modules = dict(probe.fatal_modules)  # a fixed module is imported again
+            # the accepted bytes become the last good copies before any worker is replaced: a worker
+            # refilled while the next save is broken falls back to this version, not the one before
+            self.pool.adopt_good_copies(probe.keep_dir)
             self.pool.replace_all()
             self.reloads += 1
             log.info("plugin reload: every worker is replaced by one with the new plugin code once its run ends "
                      "(job types now: %s)", ", ".join(sorted(new_types)) or "none")
+        self.pool.reload_event()
         self._end_probe()
 
     def _end_probe(self) -> None:
