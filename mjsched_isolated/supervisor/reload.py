@@ -13,7 +13,9 @@ error, a missing dependency), the reload is refused with an error naming the mod
 of its error, and the current workers stay: their job types keep running the code they loaded. A worker
 refilled meanwhile (a crash, a recycle, a kill at a deadline) imports the module's last good copy, kept by
 the pool (:mod:`~mjsched_isolated.worker.loader`), and the pool logs an error saying so. The next
-change on disk (or request) tries again. Otherwise :meth:`Pool.replace_all
+change on disk (or request) tries again. Otherwise the bytes the probe imported become the pool's last good
+copies (:meth:`Pool.adopt_good_copies <mjsched_isolated.supervisor.pool.Pool.adopt_good_copies>`: a
+broken save right after falls back to them, not to the version before), and :meth:`Pool.replace_all
 <mjsched_isolated.supervisor.pool.Pool.replace_all>` replaces every worker once its current run ends.
 The probe never blocks the loop: its pipe and sentinel are waited on with the pool's (:meth:`handles`).
 """

@@ -19,10 +19,11 @@ module that ends the process while importing is named by the pool (see
 :class:`~mjsched_isolated.protocol.Importing`) and left out of later children through ``skip``.
 
 The last good version (``keep_dir``, given by the supervisor's pool): every local module that imports is
-copied there, the exact bytes that were run, as ``<keep_dir>/<file name>``. A local module that later
-fails to import (a typo saved while ``serve`` runs, whose reload the supervisor refused; see
-:mod:`~mjsched_isolated.supervisor.reload`) is imported from that copy instead, under the same module
-name, and ``fallbacks`` says so (the pool logs it as an error): a worker refilled after a crash, a
+copied there, the exact bytes that were run, as ``<keep_dir>/<file name>``, its modification time the
+moment the bytes were read (a copy read earlier never replaces one read later, see :func:`keep_copy`).
+A local module that later fails to import (a typo saved while ``serve`` runs, whose reload the supervisor
+refused; see :mod:`~mjsched_isolated.supervisor.reload`) is imported from that copy instead, under the
+same module name, and ``fallbacks`` says so (the pool logs it as an error): a worker refilled after a crash, a
 recycle or a kill keeps the job types of the code that last loaded. A file no longer in the folder loses
 its copy (a module removed, then added back broken, is a new module). Not covered: a helper module
 (``_name.py``) that breaks; an import given up after ``import_timeout_s``.
