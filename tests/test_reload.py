@@ -325,6 +325,7 @@ def test_a_broken_save_right_after_an_accepted_reload_falls_back_to_the_accepted
     _write_plugin(versioned / "versioned.py", VERSIONED.format(version=2), bump_s=1)
     d.until(lambda: d.supervisor.reloader.reloads == 1)
     assert "VERSION = 2" in (Path(d.pool.keep_dir) / "versioned.py").read_text()  # at acceptance, not later
+    assert (Path(d.pool.keep_dir) / ".lock").is_file()  # held while the pool lives (stale folders: see below)
     caplog.set_level(logging.ERROR)
     _write_plugin(versioned / "versioned.py", VERSIONED.format(version="3 +"), bump_s=2)
     add_job(store, "after", "versioned", YEARLY)
@@ -399,3 +400,37 @@ def test_copy_folders_of_dead_pools_of_this_user_are_removed_at_start(tmp_path, 
     assert remove_stale_keep_dirs() == sum(removed for _, removed in cases.values())
     left = {p.name.rsplit("-x", 1)[1] for p in tmp_path.iterdir() if "-x" in p.name}
     assert left == {n.replace("-", "_") for n, (_, removed) in cases.items() if not removed}
+
+
+def test_a_locked_copy_folder_is_removed_once_its_process_is_killed_whatever_its_process_id(tmp_path, monkeypatch):
+    """The copy folders are locked (flock) by their pool: a ``serve`` that is PID 1 of another PID namespace
+    sharing ``/tmp`` (its id in use here by another process) is judged by its lock, not its id."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from mjsched_isolated.supervisor.pool import keep_dir_prefix, lock_keep_dir, remove_stale_keep_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = keep_dir_prefix(str(tmp_path / "plugins"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, tempfile; from mjsched_isolated.supervisor.pool import lock_keep_dir\n"
+         f"d = tempfile.mkdtemp(prefix={prefix + '1-'!r}, dir={str(tmp_path)!r}); lock_keep_dir(d); print(d, "
+         "flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    killed = holder.stdout.readline().strip()  # named PID 1: an id in use here, as in another namespace
+    own = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    fd = lock_keep_dir(own)
+    try:
+        assert remove_stale_keep_dirs() == 0  # both locked by a live process
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert remove_stale_keep_dirs() == 1
+        assert not os.path.exists(killed) and os.path.isdir(own)
+    finally:
+        os.close(fd)
+        holder.kill()
+        holder.wait()
+    assert remove_stale_keep_dirs() == 1 and not os.path.exists(own)

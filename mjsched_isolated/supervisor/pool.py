@@ -13,6 +13,7 @@ only the second time. A slot whose child keeps dying before it is ready for any 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -52,6 +53,7 @@ _swept = False  # remove_stale_keep_dirs ran in this process
 RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop by then is killed
 KEEP_DIR_PREFIX = "mjsched-plugins-good-"
 PROBE_DIR_PREFIX = "mjsched-plugins-probe-"  # the reload probe's copies: never borrowed nor fallen back to
+KEEP_LOCK = ".lock"  # held (flock) by the pool that owns the folder, see lock_keep_dir
 STALE_DIR_MARGIN_S = 2.0  # psutil's process start time may be off by up to a second (boot time in seconds)
 
 
@@ -126,12 +128,29 @@ def keep_dir_prefix(plugins_dir: str | None, *, probe: bool = False) -> str:
     return f"{PROBE_DIR_PREFIX if probe else KEEP_DIR_PREFIX}{os.getuid()}-{key}-"
 
 
+def lock_keep_dir(folder: str) -> int:
+    """Lock ``folder`` (a pool's copies) for the life of this process: an ``flock`` on ``<folder>/.lock``,
+    released by the kernel however the process ends, whatever its PID namespace (a ``serve`` that is PID 1
+    of a container sharing ``/tmp``). The file gets its name once locked, so a sweep never finds it
+    unlocked while its owner lives. Returns the descriptor to keep open (closed by :meth:`Pool.close`)."""
+    temporary = os.path.join(folder, f"{KEEP_LOCK}.{os.getpid()}")
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(temporary, os.path.join(folder, KEEP_LOCK))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def remove_stale_keep_dirs() -> int:
     """Remove the folders of plugin copies (:func:`keep_dir_prefix`) left by pools of this user whose
     process is gone (a ``serve`` killed with SIGKILL never runs :meth:`Pool.close`). One listing of the
-    temporary folder. Only folders this user owns and nobody else may write to; a folder whose process id
-    is in use is kept unless that process started after the folder last changed (the id was reused).
-    Returns the number removed."""
+    temporary folder. Only folders this user owns and nobody else may write to. A folder with a lock file
+    (:func:`lock_keep_dir`) is stale when its lock can be taken; one without (made before the lock) when
+    its process id is not in use, or is in use by a process that started after the folder last changed
+    (the id was reused). Returns the number removed."""
     uid = os.getuid()
     removed = 0
     try:
@@ -145,13 +164,30 @@ def remove_stale_keep_dirs() -> int:
                     continue
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)
-                    if (entry.is_dir(follow_symlinks=False) and info.st_uid == uid and not info.st_mode & 0o022
-                            and not _owner_alive(int(fields[2]), info.st_mtime)):
-                        shutil.rmtree(entry.path)
-                        removed += 1
+                    if entry.is_dir(follow_symlinks=False) and info.st_uid == uid and not info.st_mode & 0o022:
+                        removed += _remove_if_stale(entry.path, int(fields[2]), info.st_mtime)
     except OSError:
         pass
     return removed
+
+
+def _remove_if_stale(folder: str, pid: int, changed: float) -> int:
+    try:
+        fd = os.open(os.path.join(folder, KEEP_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if _owner_alive(pid, changed):
+            return 0
+        shutil.rmtree(folder)
+        return 1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # its pool lives
+    else:
+        shutil.rmtree(folder)
+        return 1
+    finally:
+        os.close(fd)
 
 
 def _owner_alive(pid: int, changed: float) -> bool:
@@ -260,6 +296,7 @@ class Pool:
         self.borrow_good_plugins = borrow_good_plugins
         self.probe = probe  # the reload probe: its copies start empty (no fallback), under PROBE_DIR_PREFIX
         self.keep_dir: str | None = None
+        self._keep_lock: int | None = None  # the descriptor holding keep_dir's lock (lock_keep_dir)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -293,6 +330,8 @@ class Pool:
                 remove_stale_keep_dirs()
             prefix = keep_dir_prefix(self.plugins_dir, probe=self.probe)
             self.keep_dir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+            with contextlib.suppress(OSError):  # without the lock the folder is judged by its process id
+                self._keep_lock = lock_keep_dir(self.keep_dir)
             if self.borrow_good_plugins:
                 borrow_good_copies(prefix, self.keep_dir)
         for slot, worker in self.workers.items():
@@ -362,6 +401,9 @@ class Pool:
         if self.keep_dir is not None:
             shutil.rmtree(self.keep_dir, ignore_errors=True)
             self.keep_dir = None
+        if self._keep_lock is not None:
+            os.close(self._keep_lock)
+            self._keep_lock = None
 
     # -- dispatch --------------------------------------------------------------------------------
     def idle_workers(self) -> list[Worker]:
