@@ -310,3 +310,127 @@ def test_only_the_copies_of_a_live_process_that_nobody_else_may_write_are_borrow
         folder.chmod(mode)
     assert borrow_good_copies(prefix, str(into)) == 1
     assert sorted(p.name for p in into.iterdir()) == ["live.py"]
+
+
+@pytest.mark.timeout(60)
+def test_a_broken_save_right_after_an_accepted_reload_falls_back_to_the_accepted_version(
+        versioned, db_url, store, driver_factory, caplog):
+    """New-user review (reload13): v2 accepted, v3 (broken) saved at once: the refilled workers read v3 and
+    fell back to the last good copy, still v1 (the copy was written by a worker only once it imported v2).
+    The accepted probe's bytes are now the last good copies before any worker is replaced."""
+    import logging
+    from pathlib import Path
+
+    d = driver_factory(plugins_dir=str(versioned), max_concurrent_jobs=1)
+    _write_plugin(versioned / "versioned.py", VERSIONED.format(version=2), bump_s=1)
+    d.until(lambda: d.supervisor.reloader.reloads == 1)
+    assert "VERSION = 2" in (Path(d.pool.keep_dir) / "versioned.py").read_text()  # at acceptance, not later
+    assert (Path(d.pool.keep_dir) / ".lock").is_file()  # held while the pool lives (stale folders: see below)
+    caplog.set_level(logging.ERROR)
+    _write_plugin(versioned / "versioned.py", VERSIONED.format(version="3 +"), bump_s=2)
+    add_job(store, "after", "versioned", YEARLY)
+    d.until(lambda: [r["status"] for r in store.list_runs(job_name="after")] == ["Completed"])
+    assert _run_details(store, "after") == {"version": 2}
+
+
+@pytest.mark.timeout(60)
+def test_a_fallback_is_logged_at_every_reload_event_even_with_the_same_error_text(
+        versioned, db_url, store, driver_factory, caplog):
+    """The "imported its last good version" error was logged once per text for the life of the pool: a
+    second breakage with the same error went unsaid. Now once per text per reload event."""
+    import logging
+
+    caplog.set_level(logging.ERROR)
+    d = driver_factory(plugins_dir=str(versioned), max_concurrent_jobs=1)
+
+    def fallbacks() -> int:
+        return sum("last good version" in r.getMessage() for r in caplog.records)
+
+    for refused in (1, 2):
+        _write_plugin(versioned / "versioned.py", VERSIONED.format(version="2 +" + " " * refused), bump_s=refused)
+        d.until(lambda: d.supervisor.reloader.refused == refused)  # noqa: B023 - used in this iteration
+        (worker,) = d.pool.idle_workers()
+        d.pool.kill(worker)
+        d.until(lambda: fallbacks() == refused)  # noqa: B023
+    assert fallbacks() == 2
+
+
+def test_a_copy_read_earlier_never_replaces_one_read_later(tmp_path):
+    """A worker that read v1 before v2 was accepted and finishes importing after it was kept does not put
+    v1 back."""
+    from mjsched_isolated.worker.loader import keep_copy
+
+    target = tmp_path / "versioned.py"
+    assert keep_copy(target, b"VERSION = 2\n", 2_000)
+    assert not keep_copy(target, b"VERSION = 1\n", 1_000)
+    assert target.read_bytes() == b"VERSION = 2\n"
+    assert keep_copy(target, b"VERSION = 3\n", 3_000) and target.read_bytes() == b"VERSION = 3\n"
+    assert target.stat().st_mtime_ns == 3_000
+
+
+def test_copy_folders_of_dead_pools_of_this_user_are_removed_at_start(tmp_path, monkeypatch):
+    """New-user review (reload13): a ``serve`` killed with SIGKILL left its folder of copies for ever."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from mjsched_isolated.supervisor.pool import keep_dir_prefix, remove_stale_keep_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    plugins = str(tmp_path / "plugins")
+    cases = {  # name: (prefix, pid, mode, modified seconds ago), removed?
+        "dead": ((keep_dir_prefix(plugins), gone, 0o700, 0), True),
+        "dead-probe": ((keep_dir_prefix(plugins, probe=True), gone, 0o700, 0), True),
+        "live": ((keep_dir_prefix(plugins), os.getpid(), 0o700, 0), False),
+        "reused": ((keep_dir_prefix(plugins), os.getpid(), 0o700, 10 ** 6), True),  # older than this process
+        "writable": ((keep_dir_prefix(plugins), gone, 0o777, 0), False),
+        "other-user": ((keep_dir_prefix(plugins).replace(f"-{os.getuid()}-", f"-{os.getuid() + 1}-"), gone, 0o700,
+                        0), False),
+    }
+    for name, ((prefix, pid, mode, age), _) in cases.items():
+        folder = tmp_path / f"{prefix}{pid}-x{name.replace('-', '_')}"
+        folder.mkdir()
+        (folder / "versioned.py").write_text("x = 1\n")
+        folder.chmod(mode)
+        stamp = int((__import__("time").time() - age) * 1e9)
+        os.utime(folder, ns=(stamp, stamp))
+    assert remove_stale_keep_dirs() == sum(removed for _, removed in cases.values())
+    left = {p.name.rsplit("-x", 1)[1] for p in tmp_path.iterdir() if "-x" in p.name}
+    assert left == {n.replace("-", "_") for n, (_, removed) in cases.items() if not removed}
+
+
+def test_a_locked_copy_folder_is_removed_once_its_process_is_killed_whatever_its_process_id(tmp_path, monkeypatch):
+    """The copy folders are locked (flock) by their pool: a ``serve`` that is PID 1 of another PID namespace
+    sharing ``/tmp`` (its id in use here by another process) is judged by its lock, not its id."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from mjsched_isolated.supervisor.pool import keep_dir_prefix, lock_keep_dir, remove_stale_keep_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = keep_dir_prefix(str(tmp_path / "plugins"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, tempfile; from mjsched_isolated.supervisor.pool import lock_keep_dir\n"
+         f"d = tempfile.mkdtemp(prefix={prefix + '1-'!r}, dir={str(tmp_path)!r}); lock_keep_dir(d); print(d, "
+         "flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    killed = holder.stdout.readline().strip()  # named PID 1: an id in use here, as in another namespace
+    own = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    fd = lock_keep_dir(own)
+    try:
+        assert remove_stale_keep_dirs() == 0  # both locked by a live process
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert remove_stale_keep_dirs() == 1
+        assert not os.path.exists(killed) and os.path.isdir(own)
+    finally:
+        os.close(fd)
+        holder.kill()
+        holder.wait()
+    assert remove_stale_keep_dirs() == 1 and not os.path.exists(own)

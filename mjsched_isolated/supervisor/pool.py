@@ -13,6 +13,7 @@ only the second time. A slot whose child keeps dying before it is ready for any 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -28,15 +29,18 @@ import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import psutil
 
 from mjsched_isolated import cgroups, proctree, protocol
 from mjsched_isolated.errors import ProtocolError
 from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
 from mjsched_isolated.worker import main as child
+from mjsched_isolated.worker.loader import keep_copy
 
 if TYPE_CHECKING:
     from mjsched_isolated.config import Settings
@@ -45,8 +49,12 @@ log = logging.getLogger("mjsched.pool")
 
 _ctx = multiprocessing.get_context("spawn")
 MAX_RESPAWN_BACKOFF_S = 60.0
+_swept = False  # remove_stale_keep_dirs ran in this process
 RECYCLE_STOP_TIMEOUT_S = 10.0  # a recycled child that has not exited after Stop by then is killed
 KEEP_DIR_PREFIX = "mjsched-plugins-good-"
+PROBE_DIR_PREFIX = "mjsched-plugins-probe-"  # the reload probe's copies: never borrowed nor fallen back to
+KEEP_LOCK = ".lock"  # held (flock) by the pool that owns the folder, see lock_keep_dir
+STALE_DIR_MARGIN_S = 2.0  # psutil's process start time may be off by up to a second (boot time in seconds)
 
 
 def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
@@ -110,13 +118,91 @@ class ChildEvent(msgspec.Struct):
     oom_evidence: bool | None = None
 
 
-def keep_dir_prefix(plugins_dir: str | None) -> str:
+def keep_dir_prefix(plugins_dir: str | None, *, probe: bool = False) -> str:
     """How the folders of last good plugin copies (:class:`Pool`'s ``keep_dir``) of ``plugins_dir`` (None:
     ``./plugins`` if it exists) start, for this user: each pool adds its process id, so that another pool
-    of the same plugins folder on this machine finds them (:func:`borrow_good_copies`)."""
+    of the same plugins folder on this machine finds them (:func:`borrow_good_copies`). ``probe``: the
+    reload probe's folder, another prefix (nobody borrows copies not accepted yet)."""
     folder = plugins_dir if plugins_dir is not None else ("plugins" if os.path.isdir("plugins") else None)
     key = hashlib.sha256(os.path.realpath(folder).encode()).hexdigest()[:16] if folder is not None else "none"
-    return f"{KEEP_DIR_PREFIX}{os.getuid()}-{key}-"
+    return f"{PROBE_DIR_PREFIX if probe else KEEP_DIR_PREFIX}{os.getuid()}-{key}-"
+
+
+def lock_keep_dir(folder: str) -> int:
+    """Lock ``folder`` (a pool's copies) for the life of this process: an ``flock`` on ``<folder>/.lock``,
+    released by the kernel however the process ends, whatever its PID namespace (a ``serve`` that is PID 1
+    of a container sharing ``/tmp``). The file gets its name once locked, so a sweep never finds it
+    unlocked while its owner lives. Returns the descriptor to keep open (closed by :meth:`Pool.close`)."""
+    temporary = os.path.join(folder, f"{KEEP_LOCK}.{os.getpid()}")
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(temporary, os.path.join(folder, KEEP_LOCK))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale_keep_dirs() -> int:
+    """Remove the folders of plugin copies (:func:`keep_dir_prefix`) left by pools of this user whose
+    process is gone (a ``serve`` killed with SIGKILL never runs :meth:`Pool.close`). One listing of the
+    temporary folder. Only folders this user owns and nobody else may write to. A folder with a lock file
+    (:func:`lock_keep_dir`) is stale when its lock can be taken; one without (made before the lock) when
+    its process id is not in use, or is in use by a process that started after the folder last changed
+    (the id was reused). Returns the number removed."""
+    uid = os.getuid()
+    removed = 0
+    try:
+        with os.scandir(tempfile.gettempdir()) as entries:
+            for entry in entries:
+                base = next((p for p in (KEEP_DIR_PREFIX, PROBE_DIR_PREFIX) if entry.name.startswith(p)), None)
+                if base is None:
+                    continue
+                fields = entry.name[len(base):].split("-")
+                if len(fields) < 4 or fields[0] != str(uid) or not fields[2].isdigit():
+                    continue
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if entry.is_dir(follow_symlinks=False) and info.st_uid == uid and not info.st_mode & 0o022:
+                        removed += _remove_if_stale(entry.path, int(fields[2]), info.st_mtime)
+    except OSError:
+        pass
+    return removed
+
+
+def _remove_if_stale(folder: str, pid: int, changed: float) -> int:
+    try:
+        fd = os.open(os.path.join(folder, KEEP_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if _owner_alive(pid, changed):
+            return 0
+        shutil.rmtree(folder)
+        return 1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # its pool lives
+    else:
+        shutil.rmtree(folder)
+        return 1
+    finally:
+        os.close(fd)
+
+
+def _owner_alive(pid: int, changed: float) -> bool:
+    """Whether the process ``pid`` may be the one that made a folder last changed at ``changed`` (wall
+    clock): it exists and started before that (a process started later got the id of a dead one)."""
+    if pid == os.getpid():
+        return psutil.Process().create_time() <= changed + STALE_DIR_MARGIN_S
+    if not proctree.exists(pid):
+        return False
+    try:
+        return psutil.Process(pid).create_time() <= changed + STALE_DIR_MARGIN_S
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def borrow_good_copies(prefix: str, into: str) -> int:
@@ -166,7 +252,7 @@ class Pool:
                  ready_timeout_s: float = 30.0, import_timeout_s: float = 10.0, max_tasks_per_child: int | None = None,
                  max_memory_per_child_mb: float | None = None, log_format: str = "text",
                  max_run_output_bytes: int = 4 * 1024 * 1024, cgroups_mode: str = "auto",
-                 keep_good_plugins: bool = True, borrow_good_plugins: bool = False):
+                 keep_good_plugins: bool = True, borrow_good_plugins: bool = False, probe: bool = False):
         if size < 1:
             raise ValueError("max_concurrent_jobs must be >= 1")
         self.size = size
@@ -192,6 +278,7 @@ class Pool:
         self.recycled = 0
         self._retiring: list[tuple[Worker, float]] = []  # recycled children told to Stop: (worker, kill after)
         self._warned: set[str] = set()  # plugin-load warnings already logged
+        self._fallbacks_logged: set[str] = set()  # since the last reload event (see reload_event)
         self.fatal_modules: dict[str, str] = {}  # plugin file -> why later children do not import it
         # plugin files a child was SIGKILLed while importing, once: left out only if it happens again
         self.killed_importing: set[str] = set()
@@ -207,7 +294,9 @@ class Pool:
         # no longer imports (a reload refused, see supervisor/reload.py and worker/loader.py); made by start()
         self.keep_good_plugins = keep_good_plugins
         self.borrow_good_plugins = borrow_good_plugins
+        self.probe = probe  # the reload probe: its copies start empty (no fallback), under PROBE_DIR_PREFIX
         self.keep_dir: str | None = None
+        self._keep_lock: int | None = None  # the descriptor holding keep_dir's lock (lock_keep_dir)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, size: int | None = None, ready_timeout_s: float | None = None,
@@ -235,8 +324,14 @@ class Pool:
         if self.cgroups is None:
             self.cgroups = cgroups.Parent.open(self.cgroups_mode)
         if self.keep_good_plugins and self.keep_dir is None:
-            prefix = keep_dir_prefix(self.plugins_dir)
+            global _swept
+            if not _swept:  # once per process: the folders of killed pools
+                _swept = True
+                remove_stale_keep_dirs()
+            prefix = keep_dir_prefix(self.plugins_dir, probe=self.probe)
             self.keep_dir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+            with contextlib.suppress(OSError):  # without the lock the folder is judged by its process id
+                self._keep_lock = lock_keep_dir(self.keep_dir)
             if self.borrow_good_plugins:
                 borrow_good_copies(prefix, self.keep_dir)
         for slot, worker in self.workers.items():
@@ -306,6 +401,9 @@ class Pool:
         if self.keep_dir is not None:
             shutil.rmtree(self.keep_dir, ignore_errors=True)
             self.keep_dir = None
+        if self._keep_lock is not None:
+            os.close(self._keep_lock)
+            self._keep_lock = None
 
     # -- dispatch --------------------------------------------------------------------------------
     def idle_workers(self) -> list[Worker]:
@@ -394,8 +492,8 @@ class Pool:
                             self._warned.add(warning)
                             log.warning("%s", warning)
                     for fallback in message.fallbacks:  # a broken module on disk, its last good copy loaded
-                        if fallback not in self._warned:
-                            self._warned.add(fallback)
+                        if fallback not in self._fallbacks_logged:
+                            self._fallbacks_logged.add(fallback)
                             log.error("worker %d: %s", message.pid, fallback)
                     self.last_ready = message
                     self._backoff_s[worker.slot] = 0.0
@@ -513,6 +611,27 @@ class Pool:
             if worker.cgroup is not None:
                 worker.cgroup.signal(signal.SIGTERM)
         kill_trees([w.pid for w in workers if w.cgroup is None], signal.SIGTERM)
+
+    def adopt_good_copies(self, folder: str | None) -> int:
+        """Make the plugin copies of ``folder`` (the accepted reload probe's: the bytes it imported) this
+        pool's last good copies, before its workers are replaced: a worker refilled from then on falls back
+        to the accepted version, whatever is saved next. A copy kept since the probe read its file (a newer
+        version) stays. Returns the number of copies taken."""
+        if self.keep_dir is None or folder is None:
+            return 0
+        taken = 0
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(".py") and not entry.name.startswith("."):
+                    with contextlib.suppress(OSError):
+                        source, read_ns = Path(entry.path).read_bytes(), entry.stat().st_mtime_ns
+                        taken += keep_copy(Path(self.keep_dir) / entry.name, source, read_ns)
+        return taken
+
+    def reload_event(self) -> None:
+        """A reload was accepted or refused: the next fallback of a refilled worker to a last good copy is
+        logged again (once per text per reload event), even with the text logged at an earlier one."""
+        self._fallbacks_logged.clear()
 
     def replace_all(self) -> None:
         """New plugin code: every worker is replaced by one that imports it, an idle one at once, a busy

@@ -13,7 +13,9 @@ error, a missing dependency), the reload is refused with an error naming the mod
 of its error, and the current workers stay: their job types keep running the code they loaded. A worker
 refilled meanwhile (a crash, a recycle, a kill at a deadline) imports the module's last good copy, kept by
 the pool (:mod:`~mjsched_isolated.worker.loader`), and the pool logs an error saying so. The next
-change on disk (or request) tries again. Otherwise :meth:`Pool.replace_all
+change on disk (or request) tries again. Otherwise the bytes the probe imported become the pool's last good
+copies (:meth:`Pool.adopt_good_copies <mjsched_isolated.supervisor.pool.Pool.adopt_good_copies>`: a
+broken save right after falls back to them, not to the version before), and :meth:`Pool.replace_all
 <mjsched_isolated.supervisor.pool.Pool.replace_all>` replaces every worker once its current run ends.
 The probe never blocks the loop: its pipe and sentinel are waited on with the pool's (:meth:`handles`).
 """
@@ -124,6 +126,7 @@ class PluginReloader:
             log.error("plugin reload refused: the new plugin code did not load within %.0f s; the current "
                       "workers stay", self.pool.ready_timeout_s)
             self.refused += 1
+            self.pool.reload_event()
             self._end_probe()
 
     def close(self) -> None:
@@ -137,7 +140,7 @@ class PluginReloader:
         self._probe = Pool(1, self.pool.plugins_dir, log_level=self.pool.log_level,
                            ready_timeout_s=self.pool.ready_timeout_s, import_timeout_s=self.pool.import_timeout_s,
                            log_format=self.pool.log_format, cgroups_mode=self.pool.cgroups_mode,
-                           keep_good_plugins=False)  # the probe judges the files on disk, without fallback
+                           probe=True)  # judges the files on disk: its copies start empty, no fallback
         self._probe_give_up = mono + self.pool.ready_timeout_s * 2
         self._probe.start()
 
@@ -158,10 +161,14 @@ class PluginReloader:
             self.refused += 1
         else:
             self.pool.fatal_modules = dict(probe.fatal_modules)  # a fixed module is imported again
+            # the accepted bytes become the last good copies before any worker is replaced: a worker
+            # refilled while the next save is broken falls back to this version, not the one before
+            self.pool.adopt_good_copies(probe.keep_dir)
             self.pool.replace_all()
             self.reloads += 1
             log.info("plugin reload: every worker is replaced by one with the new plugin code once its run ends "
                      "(job types now: %s)", ", ".join(sorted(new_types)) or "none")
+        self.pool.reload_event()
         self._end_probe()
 
     def _end_probe(self) -> None:

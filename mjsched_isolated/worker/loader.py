@@ -19,10 +19,11 @@ module that ends the process while importing is named by the pool (see
 :class:`~mjsched_isolated.protocol.Importing`) and left out of later children through ``skip``.
 
 The last good version (``keep_dir``, given by the supervisor's pool): every local module that imports is
-copied there, the exact bytes that were run, as ``<keep_dir>/<file name>``. A local module that later
-fails to import (a typo saved while ``serve`` runs, whose reload the supervisor refused; see
-:mod:`~mjsched_isolated.supervisor.reload`) is imported from that copy instead, under the same module
-name, and ``fallbacks`` says so (the pool logs it as an error): a worker refilled after a crash, a
+copied there, the exact bytes that were run, as ``<keep_dir>/<file name>``, its modification time the
+moment the bytes were read (a copy read earlier never replaces one read later, see :func:`keep_copy`).
+A local module that later fails to import (a typo saved while ``serve`` runs, whose reload the supervisor
+refused; see :mod:`~mjsched_isolated.supervisor.reload`) is imported from that copy instead, under the
+same module name, and ``fallbacks`` says so (the pool logs it as an error): a worker refilled after a crash, a
 recycle or a kill keeps the job types of the code that last loaded. A file no longer in the folder loses
 its copy (a module removed, then added back broken, is a new module). Not covered: a helper module
 (``_name.py``) that breaks; an import given up after ``import_timeout_s``.
@@ -37,6 +38,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -208,33 +210,47 @@ def _import_path(name: str, path: Path, copy_to: Path | None = None) -> ModuleTy
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    source = b""
+    source, read_ns = b"", 0
     sys.modules[name] = module  # before running it: msgspec and relative imports look it up there
     try:
         if copy_to is None:
             spec.loader.exec_module(module)
         else:
+            read_ns = time.time_ns()  # the copy's version: when its bytes were read (see keep_copy)
             source = path.read_bytes()  # the very bytes run are the ones kept (the file may change meanwhile)
             exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
     except BaseException:
         sys.modules.pop(name, None)
         raise
     if copy_to is not None:
-        _keep_copy(copy_to, source)
+        keep_copy(copy_to, source, read_ns)
     return module
 
 
-def _keep_copy(target: Path, source: bytes) -> None:
-    """Write ``source`` to ``target`` atomically (workers starting together may write the same file),
-    unless it holds that already. A failure only costs the fallback."""
+def keep_copy(target: Path, source: bytes, read_ns: int) -> bool:
+    """Write ``source``, read from the plugin file at ``read_ns`` (wall clock, ns), to ``target`` atomically
+    (workers starting together may write the same file), its modification time set to ``read_ns``: the copy's
+    version. A copy read later is never replaced by one read earlier (a worker that read the file before a
+    reload was accepted and finishes its import after the accepted version was kept, see
+    :meth:`~mjsched_isolated.supervisor.pool.Pool.adopt_good_copies`). Returns whether ``target`` holds
+    ``source`` now. A failure only costs the fallback."""
     try:
-        if target.is_file() and target.read_bytes() == source:
-            return
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            kept = target.stat().st_mtime_ns
+        except FileNotFoundError:
+            kept = None
+        if kept is not None and kept >= read_ns:
+            return False  # a newer version is kept already
+        if kept is not None and target.read_bytes() == source:
+            os.utime(target, ns=(read_ns, read_ns))
+            return True
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_bytes(source)
+        os.utime(temporary, ns=(read_ns, read_ns))
         os.replace(temporary, target)
+        return True
     except OSError:
-        pass
+        return False
 
 
 def _forget_removed(keep: Path, names: set[str]) -> None:
