@@ -25,7 +25,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mjsched_isolated"
 # what worker-side code may import besides the standard library (issue 10, "worker/")
 WORKER_ALLOWED_OURS = {"mjsched_isolated", "mjsched_isolated._version", "mjsched_isolated.api",
                        "mjsched_isolated.protocol", "mjsched_isolated.errors", "mjsched_isolated.logs",
-                       "mjsched_isolated.enums", "mjsched_isolated.proctree", "mjsched_isolated.cgroups"}
+                       "mjsched_isolated.enums", "mjsched_isolated.proctree", "mjsched_isolated.cgroups",
+                       "mjsched_isolated.keptcopies"}
 WORKER_ALLOWED_THIRD_PARTY = {"msgspec", "psutil"}
 HEAVY = ("sqlalchemy", "alembic", "mako")
 

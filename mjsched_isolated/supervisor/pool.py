@@ -37,10 +37,10 @@ import psutil
 
 from mjsched_isolated import cgroups, proctree, protocol
 from mjsched_isolated.errors import ProtocolError
+from mjsched_isolated.keptcopies import keep_copy
 from mjsched_isolated.proctree import kill_tree, kill_trees
 from mjsched_isolated.supervisor.recycling import recycle_reason
 from mjsched_isolated.worker import main as child
-from mjsched_isolated.worker.loader import keep_copy
 
 if TYPE_CHECKING:
     from mjsched_isolated.config import Settings
