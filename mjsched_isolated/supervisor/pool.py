@@ -144,57 +144,66 @@ def lock_keep_dir(folder: str) -> int:
     return fd
 
 
-def remove_stale_keep_dirs() -> int:
-    """Remove the folders of plugin copies (:func:`keep_dir_prefix`) left by pools of this user whose
-    process is gone (a ``serve`` killed with SIGKILL never runs :meth:`Pool.close`). One listing of the
-    temporary folder. Only folders this user owns and nobody else may write to. A folder with a lock file
-    (:func:`lock_keep_dir`) is stale when its lock can be taken; one without (made before the lock) when
-    its process id is not in use, or is in use by a process that started after the folder last changed
-    (the id was reused). Returns the number removed."""
+def _keep_dirs() -> list[tuple[os.DirEntry[str], int]]:
+    """The folders of plugin copies (:func:`keep_dir_prefix`) in the temporary folder that this user owns and
+    nobody else may write to, each with the process id in its name. One listing; [] if it fails."""
     uid = os.getuid()
-    removed = 0
+    found = []
     try:
         with os.scandir(tempfile.gettempdir()) as entries:
             for entry in entries:
                 base = next((p for p in (KEEP_DIR_PREFIX, PROBE_DIR_PREFIX) if entry.name.startswith(p)), None)
                 if base is None:
                     continue
-                fields = entry.name[len(base):].split("-")
+                fields = entry.name[len(base):].split("-")  # uid, plugins folder key, pid, mkdtemp's part
                 if len(fields) < 4 or fields[0] != str(uid) or not fields[2].isdigit():
                     continue
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)
                     if entry.is_dir(follow_symlinks=False) and info.st_uid == uid and not info.st_mode & 0o022:
-                        removed += _remove_if_stale(entry.path, int(fields[2]), info.st_mtime)
+                        found.append((entry, int(fields[2])))
     except OSError:
         pass
-    return removed
+    return found
 
 
-def _remove_if_stale(folder: str, pid: int, changed: float) -> int:
+def _pool_alive(folder: str, pid: int, changed: float) -> bool:
+    """Whether the pool that made ``folder`` (named with process id ``pid``, last changed at ``changed``,
+    wall clock) still lives: its lock (:func:`lock_keep_dir`) is held; a folder made before the lock, when
+    its process may be the one that made it (:func:`_owner_alive`)."""
     try:
         fd = os.open(os.path.join(folder, KEEP_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        if _owner_alive(pid, changed):
-            return 0
-        shutil.rmtree(folder)
-        return 1
+        return _owner_alive(pid, changed)
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return 0  # its pool lives
-    else:
-        shutil.rmtree(folder)
-        return 1
+        return True
     finally:
         os.close(fd)
+    return False
+
+
+def remove_stale_keep_dirs() -> int:
+    """Remove the folders of plugin copies (:func:`_keep_dirs`) left by pools of this user whose process is
+    gone (a ``serve`` killed with SIGKILL never runs :meth:`Pool.close`), as :func:`_pool_alive` judges: a
+    folder with a lock file when its lock can be taken; one without (made before the lock) when its process
+    id is not in use, or is in use by a process that started after the folder last changed (the id was
+    reused). Returns the number removed."""
+    removed = 0
+    for entry, pid in _keep_dirs():
+        with contextlib.suppress(OSError):
+            if not _pool_alive(entry.path, pid, entry.stat(follow_symlinks=False).st_mtime):
+                shutil.rmtree(entry.path)
+                removed += 1
+    return removed
 
 
 def _owner_alive(pid: int, changed: float) -> bool:
     """Whether the process ``pid`` may be the one that made a folder last changed at ``changed`` (wall
     clock): it exists and started before that (a process started later got the id of a dead one)."""
-    if pid == os.getpid():
-        return psutil.Process().create_time() <= changed + STALE_DIR_MARGIN_S
     if not proctree.exists(pid):
         return False
     try:
@@ -206,22 +215,15 @@ def _owner_alive(pid: int, changed: float) -> bool:
 
 
 def borrow_good_copies(prefix: str, into: str) -> int:
-    """Copy into ``into`` the last good plugin copies kept by the live pools whose folders start with
-    ``prefix`` (:func:`keep_dir_prefix`), those written last winning. Only folders this user owns and
-    nobody else may write to, of a process that still exists. Returns the number of files copied."""
+    """Copy into ``into`` the last good plugin copies kept by the live pools (:func:`_pool_alive`) whose
+    folders (:func:`_keep_dirs`) start with ``prefix`` (:func:`keep_dir_prefix`), those written last
+    winning. Returns the number of files copied."""
     found: list[tuple[int, str]] = []
-    try:
-        with os.scandir(tempfile.gettempdir()) as entries:
-            for entry in entries:
-                pid = entry.name[len(prefix):].split("-", 1)[0]
-                if not entry.name.startswith(prefix) or entry.path == into or not pid.isdigit():
-                    continue
-                info = entry.stat(follow_symlinks=False)
-                if (entry.is_dir(follow_symlinks=False) and info.st_uid == os.getuid() and not info.st_mode & 0o022
-                        and proctree.exists(int(pid))):
-                    found.append((info.st_mtime_ns, entry.path))
-    except OSError:
-        return 0
+    for entry, pid in _keep_dirs():
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            if entry.name.startswith(prefix) and entry.path != into and _pool_alive(entry.path, pid, info.st_mtime):
+                found.append((info.st_mtime_ns, entry.path))
     copied = 0
     for _, folder in sorted(found):
         with contextlib.suppress(OSError):
