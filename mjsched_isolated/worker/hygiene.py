@@ -176,8 +176,14 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
 
     ``cgroup``: this worker's cgroup (:mod:`~mjsched_isolated.cgroups`): when something was left, every
     process in it but the worker and its watchdog is a leftover, wherever it moved in the process tree; one
-    read of ``cgroup.procs`` finds them all, and they are killed together with those they fork meanwhile."""
+    read of ``cgroup.procs`` finds them all, and they are killed together with those they fork meanwhile.
+    That read also comes first: when the cgroup holds only the worker and its watchdog and no child waits
+    to be reaped (one ``waitid`` with ``WNOWAIT``), nothing was left and nothing else is read (issue 11: 3
+    syscalls a run instead of the 11 of the children files). A process the run moved out of the cgroup
+    (which needs root) is not looked for there, as the kill below would not reach it either."""
     me = os.getpid()
+    if cgroup is not None and cgroup.holds_only((me, watchdog_pid)) and not _zombie_child():
+        return []  # the cgroup holds every process of the tree (the path below kills no other): one read
     if subreaper:  # everything the run started and left is still below this worker: nothing left, no scan
         children = proctree.own_children()
         if children is not None and not children - {watchdog_pid}:
@@ -204,6 +210,17 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
         if mine:
             psutil.wait_procs(mine, timeout=LEFTOVER_REAP_TIMEOUT_S)  # no zombies pile up in the worker
     return [p.pid for p in found]
+
+
+def _zombie_child() -> bool:
+    """Whether a child of this process has ended and waits to be reaped (``waitid`` with ``WNOWAIT``: it
+    is left to be reaped). A zombie is in no cgroup's ``cgroup.procs``; True where this cannot be asked."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no child at all (not even the watchdog)
+        return False
+    except (OSError, AttributeError):  # no waitid on this platform
+        return True
 
 
 def _log_leftover(pid: int, run_id: int, job_name: str) -> psutil.Process | None:
