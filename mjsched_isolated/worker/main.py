@@ -182,13 +182,13 @@ class PipeSender:
     """Serialises sends from the main thread and plugin threads (heartbeats) on one pipe."""
 
     def __init__(self, conn: Connection | protocol.Channel) -> None:
-        self._conn = conn
+        self._fd = protocol.write_fd(conn)
         self._lock = threading.Lock()
 
     def send(self, message: msgspec.Struct) -> None:
         """Encode and send ``message``; raises ``OSError`` if the supervisor is gone."""
         with self._lock:
-            protocol.send(self._conn, message)
+            protocol.send_fd(self._fd, message)
 
 
 _capture: OutputCapture | None = None  # for the SIGTERM handler
