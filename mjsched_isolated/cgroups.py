@@ -467,6 +467,11 @@ _kernel_files: dict[str, KernelFile] = {}
 _pid = os.getpid()  # this process's pid, kept current across forks: no getpid call per kernel file read
 
 
+def own_pid() -> int:
+    """This process's pid, without a ``getpid`` call (kept current across ``os.fork``)."""
+    return _pid
+
+
 def _forked() -> None:
     global _pid
     _pid = os.getpid()

@@ -112,8 +112,13 @@ class ProcessState:
         return changed
 
     def _restore_streams(self) -> list[str]:
-        changed = []
         closed = {fd for fd, events in _STD_FDS.poll(0) if events & select.POLLNVAL}
+        stdin, stdout, stderr = self.streams
+        if (not closed and sys.stdin is stdin and sys.stdout is stdout and sys.stderr is stderr  # the common case
+                and stdin is not None and stdout is not None and stderr is not None
+                and not (stdin.closed or stdout.closed or stderr.closed)):
+            return []  # nothing to put back (issue 11: a quarter of the time the loop below takes)
+        changed = []
         for fd, saved in self.fds.items():
             if saved is not None and fd in closed:
                 os.dup2(saved, fd)
@@ -181,7 +186,7 @@ def kill_leftovers(watchdog_pid: int, run_id: int, job_name: str, *, subreaper: 
     to be reaped (one ``waitid`` with ``WNOWAIT``), nothing was left and nothing else is read (issue 11: 3
     syscalls a run instead of the 11 of the children files). A process the run moved out of the cgroup
     (which needs root) is not looked for there, as the kill below would not reach it either."""
-    me = os.getpid()
+    me = cgroups.own_pid()
     if cgroup is not None and cgroup.holds_only((me, watchdog_pid)) and not _zombie_child():
         return []  # the cgroup holds every process of the tree (the path below kills no other): one read
     if subreaper:  # everything the run started and left is still below this worker: nothing left, no scan
