@@ -183,7 +183,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
     """``plugin.execute(context)``; an awaitable it returns is run to completion in the worker's loop."""
     result: object = plugin.execute(context)
-    if inspect.isawaitable(result):
+    if type(result) is not ScheduledJobResult and inspect.isawaitable(result):  # a sync plugin's result: no ABC check
         loop = event_loop()
         try:
             result = loop.run_until_complete(_await(result))
