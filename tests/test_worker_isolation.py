@@ -494,3 +494,39 @@ def test_restore_reads_the_umask_and_signal_mask_from_the_status_it_is_given(mon
     finally:
         os.umask(old_umask)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_restore_given_the_status_still_finds_every_kind_of_handler_change(monkeypatch):
+    """In process, given ``/proc/self/status`` after the change: a caught signal's function replaced by
+    another (the kernel sees no change), an uncaught signal given a function, and one given ``SIG_IGN`` are
+    each found and put back; with nothing changed only the caught signals' handlers are read."""
+    import signal
+
+    from mjsched_isolated.worker import hygiene
+
+    def status() -> bytes:
+        with open("/proc/self/status", "rb") as f:
+            return f.read()
+
+    def other(_signum: int, _frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, other)  # caught at capture
+    try:
+        state = hygiene.ProcessState.capture()
+        assert signal.SIGUSR1 in state._caught and signal.SIGUSR2 not in state._caught
+        for signum, handler in ((signal.SIGUSR1, lambda *_: None), (signal.SIGUSR2, other),
+                                (signal.SIGUSR2, signal.SIG_IGN)):
+            signal.signal(signum, handler)
+            changed = [c for c in state.restore(status()) if c != "pending alarm"]  # pytest-timeout's alarm
+            assert changed == [f"signal handler {signal.Signals(signum).name}"]
+            assert signal.getsignal(signal.SIGUSR1) is other and signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+        read: list[int] = []
+        real = hygiene._signal.getsignal
+        monkeypatch.setattr(hygiene._signal, "getsignal", lambda s: read.append(s) or real(s))
+        assert [c for c in state.restore(status()) if c != "pending alarm"] == []
+        assert sorted(read) == sorted(state._caught)
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)

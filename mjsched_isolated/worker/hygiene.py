@@ -61,9 +61,13 @@ class ProcessState:
         self._signums = tuple(self.handlers)
         self._handler_values = tuple(self.handlers.values())
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        # the mask and umask as /proc/self/status shows them (the main thread's SigBlk: signal n is bit n-1)
-        self._status_mask = b"\nSigBlk:\t%016x\n" % sum(1 << (int(s) - 1) for s in self.mask)
+        # the umask, and the blocked (main thread), ignored and caught signals, as /proc/self/status shows
+        # them: a run whose status after it shows the same changed none of them at the kernel's level, and of
+        # the Python handlers only those of caught signals can differ (see restore)
         self._status_umask = b"\nUmask:\t%04o\n" % umask
+        self._status_signals, caught = _signal_lines()
+        self._caught = tuple(s for s in self._signums if s in caught)
+        self._caught_values = tuple(self.handlers[s] for s in self._caught)
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.fds = {fd: _dup(fd) for fd in (0, 1, 2)}
         self.threads = set(threading.enumerate())
@@ -81,7 +85,11 @@ class ProcessState:
 
         ``status``: ``/proc/self/status`` read since the run ended (the worker's meter reads it for the
         peak memory): a umask and blocked-signal mask it shows unchanged are not read or set again (issue
-        11: two syscalls a run fewer). Without it, or where it does not show them, they are."""
+        11: two syscalls a run fewer), and where it shows the same signals ignored and caught as at capture,
+        only the Python handlers of the caught ones are compared (a handler set to ``SIG_DFL``, ``SIG_IGN``
+        or a function, by ``signal.signal``, changes the kernel's disposition too, unless it replaced one
+        function by another, which only a caught signal can have; issue 11: the 62 ``getsignal`` calls were
+        5 % of a worker's instructions a run). Without it, or where it shows a change, all are compared."""
         changed: list[str] = []
         try:
             moved = os.getcwd() != self.cwd
@@ -105,16 +113,19 @@ class ProcessState:
             if signal.getitimer(timer) != (0.0, 0.0):
                 signal.setitimer(timer, 0)
                 changed.append(f"interval timer {timer}")
+        block = self._status_signals
+        at = -1 if status is None or block is None else status.find(b"\nSigBlk:")
+        signals_same = at >= 0 and status is not None and status[at + 1:at + 1 + len(block or b"")] == block
         same_handlers = False
         with contextlib.suppress(OSError, ValueError):
-            same_handlers = tuple(map(_signal.getsignal, self._signums)) == self._handler_values
+            same_handlers = (tuple(map(_signal.getsignal, self._caught)) == self._caught_values if signals_same
+                             else tuple(map(_signal.getsignal, self._signums)) == self._handler_values)
         for signum, handler in () if same_handlers else self.handlers.items():
             if _signal.getsignal(signum) != handler:
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     _signal.signal(signum, handler)
                 changed.append(f"signal handler {signal.Signals(signum).name}")
-        if (status is None or self._status_mask not in status) and \
-                signal.pthread_sigmask(signal.SIG_SETMASK, self.mask) != self.mask:
+        if not signals_same and signal.pthread_sigmask(signal.SIG_SETMASK, self.mask) != self.mask:
             changed.append("blocked signals")
         changed += self._restore_streams()
         return changed
@@ -150,6 +161,24 @@ class ProcessState:
         event loop's default executor threads (``asyncio_N``, reused by later async runs) do not count."""
         return [t for t in threading.enumerate()
                 if t not in self.threads and t.is_alive() and not t.name.startswith("asyncio_")]
+
+
+def _signal_lines() -> tuple[bytes | None, set[int]]:
+    """The ``SigBlk``, ``SigIgn`` and ``SigCgt`` lines of ``/proc/self/status`` now (blocked signals of the
+    main thread, ignored and caught ones of the process), and the caught signals' numbers (bit n-1 of
+    ``SigCgt`` is signal n); ``(None, set())`` where ``/proc`` does not show them."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            status = f.read()
+        start = status.index(b"\nSigBlk:") + 1
+        caught_at = status.index(b"SigCgt:", start)
+        end = status.index(b"\n", caught_at) + 1
+        mask = int(status[caught_at + 7:end].strip(), 16)
+    except (OSError, ValueError):
+        return None, set()
+    if status.index(b"SigIgn:", start) > caught_at:  # not the three lines in the order expected
+        return None, set()
+    return status[start:end], {n for n in range(1, mask.bit_length() + 1) if mask >> (n - 1) & 1}
 
 
 def _environ_view() -> Any:
