@@ -268,15 +268,22 @@ class FrameReader:
 
     READ_SIZE = 64 * 1024
 
-    __slots__ = ("_buffer", "_fd")
+    __slots__ = ("_chunks", "_fd", "_held")
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._buffer = b""
+        self._chunks: list[bytes] = []  # read and not taken yet, in order (joined once a message is whole)
+        self._held = 0  # their length
 
     def _take(self) -> bytes | None:
         """The next whole message kept, removed from the buffer; None if none is complete yet."""
-        buffer = self._buffer
+        chunks = self._chunks
+        if not chunks:
+            return None
+        buffer = chunks[0]
+        if len(buffer) < 12 and len(chunks) > 1:  # the length may span reads
+            buffer = b"".join(chunks)
+            chunks[:] = [buffer]
         if len(buffer) < 4:
             return None
         size, start = int.from_bytes(buffer[:4], "big", signed=True), 4
@@ -285,19 +292,23 @@ class FrameReader:
                 return None
             size, start = int.from_bytes(buffer[4:12], "big"), 12
         end = start + size
-        if len(buffer) < end:
+        if self._held < end:
             return None
-        self._buffer = buffer[end:]
+        if len(buffer) < end:  # a long message over several reads: joined once, now that it is whole
+            buffer = b"".join(chunks)
+        rest = buffer[end:]
+        self._chunks, self._held = ([rest] if rest else []), len(rest)
         return buffer[start:end]
 
     def _fill(self) -> None:
         """One ``read`` (blocking); ``EOFError`` at the end of the pipe between messages, ``OSError`` in one."""
         data = os.read(self._fd, self.READ_SIZE)
         if not data:
-            if self._buffer:
+            if self._held:
                 raise OSError("got end of file during message")
             raise EOFError
-        self._buffer += data
+        self._chunks.append(data)
+        self._held += len(data)
 
     def recv_bytes(self) -> bytes:
         """The next message's bytes, waiting for it as ``Connection.recv_bytes`` does."""

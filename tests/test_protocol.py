@@ -184,7 +184,7 @@ def test_the_workers_direct_framing_reads_and_writes_what_a_connection_does():
         for message in TO_CHILD:
             protocol.send(supervisor, message)
         assert [protocol.decode_to_child(frames.recv_bytes()) for _ in TO_CHILD] == TO_CHILD
-        big = RunRequest(run_id=5, job_id=6, job_name="big", job_type="ok", configuration="x" * 300_000)
+        big = RunRequest(run_id=5, job_id=6, job_name="big", job_type="ok", configuration="x" * 5_000_000)
         writer = threading.Thread(target=protocol.send, args=(supervisor, big))  # more than the pipe holds
         writer.start()
         assert protocol.decode_to_child(frames.recv_bytes()) == big
@@ -194,6 +194,10 @@ def test_the_workers_direct_framing_reads_and_writes_what_a_connection_does():
         os.write(supervisor.writer.fileno(), b"\xff\xff\xff\xff" + len(encoded).to_bytes(8, "big") + encoded[:1])
         assert frames.recv_ready() is None
         os.write(supervisor.writer.fileno(), encoded[1:])
+        assert frames.recv_ready() == encoded
+        for byte in len(encoded).to_bytes(4, "big") + encoded:  # one byte a read, the length included
+            assert frames.recv_ready() is None
+            os.write(supervisor.writer.fileno(), bytes([byte]))
         assert frames.recv_ready() == encoded
         supervisor.close()
         with pytest.raises(EOFError):
