@@ -73,6 +73,16 @@ class WorkerCgroup:
         except OSError:
             return set()
 
+    def holds_only(self, pids: tuple[int, ...]) -> bool:
+        """True when ``pids[0]`` is in the cgroup and no process but ``pids`` is (``cgroup.procs``, read
+        through a kept descriptor: the worker asks after every run whether its run left anything); False
+        also when the file cannot be read. Exited processes not yet reaped (zombies) are not listed."""
+        try:
+            members = read_kernel_file(f"{self.kill_dir}/cgroup.procs").split()
+        except OSError:
+            return False
+        return str(pids[0]).encode() in members and all(int(pid) in pids for pid in members)
+
     def signal(self, sig: int, *, exclude: set[int] | frozenset[int] = frozenset()) -> None:
         """Send ``sig`` to every process in the cgroup but ``exclude`` (one pass: for SIGTERM)."""
         for pid in self.pids() - exclude:
@@ -455,6 +465,11 @@ def _mark_own(fd: int) -> bool:
 
 _kernel_files: dict[str, KernelFile] = {}
 _pid = os.getpid()  # this process's pid, kept current across forks: no getpid call per kernel file read
+
+
+def own_pid() -> int:
+    """This process's pid, without a ``getpid`` call (kept current across ``os.fork``)."""
+    return _pid
 
 
 def _forked() -> None:

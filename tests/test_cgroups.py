@@ -119,6 +119,17 @@ class Bomb(BaseScheduledJob):
         return ScheduledJobResult(success=True)
 
 
+class Zombie(BaseScheduledJob):
+    """Leaves a child that has ended and is not reaped: a zombie, listed in no cgroup.procs."""
+    job_type = "zombie"
+
+    def execute(self, context):
+        child = subprocess.Popen(["true"])
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, left unreaped
+        child.returncode = 0  # Popen's finaliser must not reap it either
+        return ScheduledJobResult(success=True, details={"pid": child.pid})
+
+
 class Ok(BaseScheduledJob):
     job_type = "ok"
 
@@ -175,6 +186,20 @@ def test_a_setsid_process_a_run_left_is_killed_through_the_workers_cgroup(plugin
             assert group.pids() == {one.worker.pid, *(p.pid for p in psutil.Process(one.worker.pid).children())}
         finally:
             _kill(escaped)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", MECHANISMS)
+def test_a_zombie_a_run_left_is_reaped_although_its_cgroup_no_longer_lists_it(plugins, mode):
+    """After a run, a cgroup holding only the worker and its watchdog means nothing was left, unless a
+    child waits to be reaped: zombies are in no cgroup.procs, and the worker must not collect them."""
+    _usable(mode)
+    with OneWorker(str(plugins), cgroups_mode=mode) as one:
+        zombie = one.run("zombie")[-1].details["pid"]
+        assert one.run("ok")[-1].success  # the first run's cleanup is done before the next run
+        assert not psutil.pid_exists(zombie)
+        children = psutil.Process(one.worker.pid).children()
+        assert len(children) == 1 and children[0].status() != psutil.STATUS_ZOMBIE  # its watchdog only
 
 
 @pytest.mark.timeout(30)

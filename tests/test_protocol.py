@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
 
 import msgspec
 import pytest
@@ -166,3 +168,40 @@ def test_a_ready_from_an_older_worker_decodes_with_defaults():
     ready = protocol.decode_to_supervisor(old)
     assert isinstance(ready, Ready) and ready.warnings == []
     assert ready.plugins == [PluginInfo(job_type="ok", module="behaviours.py", builtin=False)]
+
+
+def test_the_workers_direct_framing_reads_and_writes_what_a_connection_does():
+    """The worker writes its messages straight to its pipe (``send_fd``) and reads its supervisor's with one
+    ``read`` for as many as are there (``FrameReader``): the same frames as ``Connection.send_bytes`` /
+    ``recv_bytes``, either way, several messages in one read and one message split over reads included."""
+    supervisor, child = protocol.channel_pair(multiprocessing.get_context())
+    try:
+        for message in TO_SUPERVISOR:
+            protocol.send_fd(protocol.write_fd(child), message)
+        assert [protocol.decode_to_supervisor(supervisor.recv_bytes()) for _ in TO_SUPERVISOR] == TO_SUPERVISOR
+        frames = protocol.FrameReader(child.fileno())
+        assert frames.recv_ready() is None  # nothing there: never waits
+        for message in TO_CHILD:
+            protocol.send(supervisor, message)
+        assert [protocol.decode_to_child(frames.recv_bytes()) for _ in TO_CHILD] == TO_CHILD
+        big = RunRequest(run_id=5, job_id=6, job_name="big", job_type="ok", configuration="x" * 5_000_000)
+        writer = threading.Thread(target=protocol.send, args=(supervisor, big))  # more than the pipe holds
+        writer.start()
+        assert protocol.decode_to_child(frames.recv_bytes()) == big
+        writer.join(5)
+        encoded = msgspec.msgpack.encode(Stop())
+        # a message only partly there is kept and not waited for; the length's long form is understood
+        os.write(supervisor.writer.fileno(), b"\xff\xff\xff\xff" + len(encoded).to_bytes(8, "big") + encoded[:1])
+        assert frames.recv_ready() is None
+        os.write(supervisor.writer.fileno(), encoded[1:])
+        assert frames.recv_ready() == encoded
+        for byte in len(encoded).to_bytes(4, "big") + encoded:  # one byte a read, the length included
+            assert frames.recv_ready() is None
+            os.write(supervisor.writer.fileno(), bytes([byte]))
+        assert frames.recv_ready() == encoded
+        supervisor.close()
+        with pytest.raises(EOFError):
+            frames.recv_bytes()
+    finally:
+        supervisor.close()
+        child.close()

@@ -267,6 +267,17 @@ def test_signals_a_run_blocked_are_unblocked_for_the_next_run(plugins):
         assert "SIGUSR2" not in _finished(one.run("mask")).details["blocked"]
 
 
+def test_a_umask_a_run_set_is_put_back_for_the_next_run(plugins):
+    (plugins / "umasker.py").write_text(
+        "import os\nfrom mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult\n\n\n"
+        "class Umask(BaseScheduledJob):\n    job_type = 'umask'\n\n    def execute(self, context):\n"
+        "        before = os.umask(0o077)\n"
+        "        return ScheduledJobResult(success=True, details={'before': before})\n")
+    with OneWorker(str(plugins)) as one:
+        first = _finished(one.run("umask")).details["before"]
+        assert _finished(one.run("umask")).details["before"] == first != 0o077
+
+
 LIMITS_PLUGIN = '''
 import os
 from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
@@ -454,3 +465,68 @@ def test_restore_finds_a_closed_standard_descriptor_and_a_real_timer_in_few_call
         signal.setitimer(signal.ITIMER_REAL, 0)
         os.dup2(saved, 0)
         os.close(saved)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_restore_reads_the_umask_and_signal_mask_from_the_status_it_is_given(monkeypatch):
+    """In process: given ``/proc/self/status`` read after the run, an unchanged umask and blocked-signal mask
+    cost no syscall; a changed one is still found and put back."""
+    import signal
+
+    from mjsched_isolated.worker import hygiene
+
+    state = hygiene.ProcessState.capture()
+    with open("/proc/self/status", "rb") as f:
+        unchanged = f.read()
+    real_umask, real_mask = os.umask, signal.pthread_sigmask
+    monkeypatch.setattr(os, "umask", lambda *a: pytest.fail("umask read though the status showed it"))
+    monkeypatch.setattr(signal, "pthread_sigmask", lambda *a: pytest.fail("mask set though the status showed it"))
+    assert [c for c in state.restore(unchanged) if c != "pending alarm"] == []  # pytest-timeout's alarm
+    monkeypatch.setattr(os, "umask", real_umask)
+    monkeypatch.setattr(signal, "pthread_sigmask", real_mask)
+    old_umask = os.umask(0o077)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    try:
+        with open("/proc/self/status", "rb") as f:
+            changed = f.read()
+        assert [c for c in state.restore(changed) if c != "pending alarm"] == ["umask", "blocked signals"]
+        assert os.umask(old_umask) == old_umask and signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        os.umask(old_umask)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_restore_given_the_status_still_finds_every_kind_of_handler_change(monkeypatch):
+    """In process, given ``/proc/self/status`` after the change: a caught signal's function replaced by
+    another (the kernel sees no change), an uncaught signal given a function, and one given ``SIG_IGN`` are
+    each found and put back; with nothing changed only the caught signals' handlers are read."""
+    import signal
+
+    from mjsched_isolated.worker import hygiene
+
+    def status() -> bytes:
+        with open("/proc/self/status", "rb") as f:
+            return f.read()
+
+    def other(_signum: int, _frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, other)  # caught at capture
+    try:
+        state = hygiene.ProcessState.capture()
+        assert signal.SIGUSR1 in state._caught and signal.SIGUSR2 not in state._caught
+        for signum, handler in ((signal.SIGUSR1, lambda *_: None), (signal.SIGUSR2, other),
+                                (signal.SIGUSR2, signal.SIG_IGN)):
+            signal.signal(signum, handler)
+            changed = [c for c in state.restore(status()) if c != "pending alarm"]  # pytest-timeout's alarm
+            assert changed == [f"signal handler {signal.Signals(signum).name}"]
+            assert signal.getsignal(signal.SIGUSR1) is other and signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+        read: list[int] = []
+        real = hygiene._signal.getsignal
+        monkeypatch.setattr(hygiene._signal, "getsignal", lambda s: read.append(s) or real(s))
+        assert [c for c in state.restore(status()) if c != "pending alarm"] == []
+        assert sorted(read) == sorted(state._caught)
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)

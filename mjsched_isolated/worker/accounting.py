@@ -48,13 +48,23 @@ def _reset_peak() -> bool:
     return True
 
 
-def _vm_hwm_kib() -> int | None:
-    """This process's peak RSS since the last reset (``VmHWM``), KiB; None without ``/proc``."""
+def _status() -> bytes | None:
+    """``/proc/self/status`` now; None without ``/proc``."""
     try:
-        data = cgroups.read_kernel_file("/proc/self/status")  # one descriptor kept: pread, no open per run
+        return cgroups.read_kernel_file("/proc/self/status")  # one descriptor kept: pread, no open per run
+    except OSError:
+        return None
+
+
+def _vm_hwm_kib(data: bytes | None) -> int | None:
+    """The peak RSS since the last reset (``VmHWM``) in ``/proc/self/status`` text ``data``, KiB; None
+    without it."""
+    if data is None:
+        return None
+    try:
         start = data.index(b"\nVmHWM:") + 7
         return int(data[start:data.index(b"kB", start)])
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 
@@ -70,13 +80,17 @@ class Meter:
         self._self = resource.getrusage(resource.RUSAGE_SELF)
         self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
 
+    status: bytes | None = None  # /proc/self/status as stop() read it, for the state check that follows
+
     def stop(self) -> tuple[float, float | None]:
-        """``(cpu_s, max_rss_mb)`` of the run since the meter was created (see the module docstring)."""
+        """``(cpu_s, max_rss_mb)`` of the run since the meter was created (see the module docstring). The
+        ``/proc/self/status`` text it read for the peak is kept in :attr:`status`."""
         own = resource.getrusage(resource.RUSAGE_SELF)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_s = max(0.0, _cpu(own) - _cpu(self._self)) + max(0.0, _cpu(children) - _cpu(self._children))
         peak_bytes: int | None = None
-        hwm = _vm_hwm_kib() if self._peak_reset else None
+        self.status = _status() if self._peak_reset else None
+        hwm = _vm_hwm_kib(self.status)
         if hwm is not None:
             peak_bytes = hwm * 1024
         elif own.ru_maxrss > self._self.ru_maxrss:

@@ -183,7 +183,7 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
 def _call(plugin: BaseScheduledJob[Any], context: JobContext[Any]) -> object:
     """``plugin.execute(context)``; an awaitable it returns is run to completion in the worker's loop."""
     result: object = plugin.execute(context)
-    if inspect.isawaitable(result):
+    if type(result) is not ScheduledJobResult and inspect.isawaitable(result):  # a sync plugin's result: no ABC check
         loop = event_loop()
         try:
             result = loop.run_until_complete(_await(result))
@@ -240,7 +240,8 @@ def clean_text(value: object) -> str:
     """A plugin's string as text every database stores and the pipe can encode: NUL (which PostgreSQL
     refuses) and a lone surrogate (Python's stand-in for an undecodable byte of a file name from
     ``os.listdir``, which UTF-8 cannot encode) become U+FFFD."""
-    return _SURROGATE.sub("\ufffd", str(value).replace("\x00", "\ufffd"))
+    text = str(value).replace("\x00", "\ufffd")
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)  # ASCII (a flag): no surrogate in it
 
 
 def scrub(value: Any) -> Any:

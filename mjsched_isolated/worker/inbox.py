@@ -18,7 +18,7 @@ class Inbox:
     ``deadline_for(run_id)`` never blocks."""
 
     def __init__(self, conn: Connection | protocol.Channel) -> None:
-        self._conn = conn
+        self._frames = protocol.FrameReader(conn.fileno())  # one read a message (issue 11)
         self._lock = threading.Lock()
         self._kept: list[protocol.ToChild] = []
 
@@ -27,7 +27,7 @@ class Inbox:
         run ended is skipped."""
         while True:
             with self._lock:
-                message = self._kept.pop(0) if self._kept else protocol.decode_to_child(self._conn.recv_bytes())
+                message = self._kept.pop(0) if self._kept else protocol.decode_to_child(self._frames.recv_bytes())
             if not isinstance(message, protocol.DeadlineExtended):
                 return message
 
@@ -37,8 +37,8 @@ class Inbox:
         newest = None
         with self._lock:
             try:
-                while self._conn.poll():
-                    message = protocol.decode_to_child(self._conn.recv_bytes())
+                while (data := self._frames.recv_ready()) is not None:
+                    message = protocol.decode_to_child(data)
                     if isinstance(message, protocol.DeadlineExtended):
                         if message.run_id == run_id:
                             newest = message.deadline_at

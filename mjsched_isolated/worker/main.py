@@ -126,7 +126,7 @@ def main(conn: Connection | protocol.Channel, plugins_dir: str | None, parent_pi
             retiring = limits.restore(applied)
             capture.end()  # the run's output is sent before its result
             busy.value = 0
-            retiring = _after_run(baseline, message) or retiring
+            retiring = _after_run(baseline, message, meter.status) or retiring
             result = msgspec.structs.replace(result, retiring=retiring, cpu_s=cpu_s, max_rss_mb=max_rss_mb)
             try:
                 try:
@@ -161,11 +161,12 @@ def _hold_until(parent_pid: int, start_at: float | None) -> None:
         os._exit(0)
 
 
-def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest) -> str | None:
+def _after_run(baseline: hygiene.ProcessState, request: protocol.RunRequest, status: bytes | None) -> str | None:
     """Put back the process state the run changed (logged, naming it) and return why this worker must be
     replaced after the run (None: it serves the next one): threads the run left running could act in a
-    later run (call ``os._exit``, hold locks) and cannot be stopped from outside."""
-    changed = baseline.restore()
+    later run (call ``os._exit``, hold locks) and cannot be stopped from outside. ``status``: the
+    ``/proc/self/status`` text read after the run (:attr:`~mjsched_isolated.worker.accounting.Meter.status`)."""
+    changed = baseline.restore(status)
     if changed:
         log.warning("run %d of job %s changed the worker's %s; restored", request.run_id, request.job_name,
                     ", ".join(changed))
@@ -182,13 +183,13 @@ class PipeSender:
     """Serialises sends from the main thread and plugin threads (heartbeats) on one pipe."""
 
     def __init__(self, conn: Connection | protocol.Channel) -> None:
-        self._conn = conn
+        self._fd = protocol.write_fd(conn)
         self._lock = threading.Lock()
 
     def send(self, message: msgspec.Struct) -> None:
         """Encode and send ``message``; raises ``OSError`` if the supervisor is gone."""
         with self._lock:
-            protocol.send(self._conn, message)
+            protocol.send_fd(self._fd, message)
 
 
 _capture: OutputCapture | None = None  # for the SIGTERM handler
