@@ -12,8 +12,9 @@ Per phase, per run: wall ms, this process's CPU ms, the CPU ms of the PostgreSQL
 store's connections (``/proc/<pid>/schedstat``, nanoseconds; the backends are told from other clients by
 the schema's ``application_name``), statements sent (SQLAlchemy cursor events) and round trips (frontend
 ``Sync``/``Query`` messages in a libpq trace of every connection), and whether the statements were
-prepared on the server (a named ``Parse``/``Bind`` in the trace; psycopg prepares a query at its 5th
-execution on a connection). After the loop: the tables' inserted, updated and HOT-updated rows
+prepared on the server (``parses``: unnamed ``Parse`` messages, a statement parsed and planned for one
+execution; ``named_binds``: executions of a statement prepared on the server, which psycopg does from a
+query's 6th execution on a connection). After the loop: the tables' inserted, updated and HOT-updated rows
 (``pg_stat_user_tables``) and the server's prepared statements of each connection.
 
     python benchmarks/pg_statements.py [--jobs 3000] [--batch 10] [--cycles 600] [--warmup 50] [--json]
@@ -116,8 +117,8 @@ def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] 
             r["backend_cpu_ms"] += (b1 - b0) / 1e6
             r["statements"] += statements["n"] - s0
             r["round_trips"] += sum(1 for m in msgs if re.search(r"\t(Sync|Query)\b", m))
-            r["parses"] += sum(1 for m in msgs if re.search(r"\tParse\b", m))
-            r["named_binds"] += sum(1 for m in msgs if re.search(r'\tBind\t\d+\t""\t"[^"]+"', m))
+            r["parses"] += sum(1 for m in msgs if re.search(r'\tParse\t ""', m))  # parsed for this execution
+            r["named_binds"] += sum(1 for m in msgs if re.search(r'\tBind\t "" "[^"]+"', m))  # a prepared one
             return out
 
         for cycle in range(warmup + cycles):
@@ -141,7 +142,8 @@ def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] 
             phase("skip", lambda: store.due_live_skip_jobs(now, LIVE_SKIP_ROWS), measured)
             done = phase("finish", lambda due=due, claims=claims: store.finish_runs([Outcome(
                 run_id=c.run_id, job_id=j["id"], token=c.lock_token, status="Completed", success=True,
-                details={"plugin_started_at": 0.0}, duration_ms=1.0, completed_at=now)
+                details={"plugin_started_at": 0.0}, duration_ms=1.0,
+                completed_at=dt.datetime.now(dt.UTC))
                 for c, j in zip(claims, due, strict=True) if c is not None]), measured)
             if not all(done):
                 raise RuntimeError(f"cycle {cycle}: a result was refused")
