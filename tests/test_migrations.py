@@ -117,20 +117,10 @@ def _bool_defaults_equal(context, inspected_column, metadata_column, inspected_d
     return False if seen in pairs else None
 
 
-def _for_this_dialect(engine: sa.Engine):
-    """Alembic's ``include_object``: an index made for some dialects only (``info["dialects"]``, created with
-    ``ddl_if``) is compared on those only."""
-    def include(obj, _name, type_, _reflected, _compare_to) -> bool:
-        dialects = obj.info.get("dialects") if type_ == "index" else None
-        return dialects is None or engine.dialect.name in dialects
-    return include
-
-
 def metadata_diffs(engine: sa.Engine) -> list:
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True,
-                                                         "compare_server_default": _bool_defaults_equal,
-                                                         "include_object": _for_this_dialect(engine)})
+                                                         "compare_server_default": _bool_defaults_equal})
         return compare_metadata(context, schema.metadata)
 
 
@@ -166,16 +156,10 @@ def without_0002(reflected: dict) -> dict:
             return check
         return name, re.sub(r",\s*'(Replace|QueueAll)'(::character varying)?", "", text)
 
-    def before_0016(item: tuple) -> tuple:  # 0016 gave PostgreSQL's due read an index of its whole order
-        if item == ("ix_jobs_due", ("status", "next_run_at", "last_run_at", "id"), False):
-            return "ix_jobs_status_next_run_at", ("status", "next_run_at"), False
-        return item
-
     out["jobs"] = {**out["jobs"], "columns": {k: v for k, v in out["jobs"]["columns"].items()
                                                if k not in NEW_JOB_COLUMNS | TIME_KNOB_COLUMNS | LIMIT_COLUMNS
                                                | ACCOUNTING_COLUMNS | RETRY_JOB_COLUMNS | OVERLAP_JOB_COLUMNS},
-                   "checks": sorted(before_0013(c) for c in out["jobs"]["checks"]),
-                   "indexes": sorted(before_0016(i) for i in out["jobs"]["indexes"])}
+                   "checks": sorted(before_0013(c) for c in out["jobs"]["checks"])}
 
     def before_0012(item: tuple) -> tuple:  # 0012 widened the occurrence's unique index by attempt
         if item == ("uq_runs_job_id_scheduled_at_attempt", ("job_id", "scheduled_at", "attempt"), True):
@@ -745,33 +729,3 @@ def test_postgresql_keeps_every_table_in_the_schema_the_urls_search_path_names(t
         with admin.begin() as conn:
             conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
         admin.dispose()
-
-
-@pytest.mark.timeout(60)
-def test_0016_gives_postgresql_the_due_order_index_and_downgrades(backend_url):
-    """0015 -> 0016 with data: on PostgreSQL ix_jobs_due (status, next_run_at, last_run_at NULLS FIRST, id)
-    replaces ix_jobs_status_next_run_at, every row kept, and the downgrade puts the old index back; SQLite and
-    MySQL/MariaDB are left as they were."""
-    engine = make_at(backend_url, "0015")
-    try:
-        fill(engine)
-        tables = ("jobs", "runs", "supervisors")
-        columns = {t: [c["name"] for c in sa.inspect(engine).get_columns(t)] for t in tables}
-        before_rows, before = snapshot(engine, columns), reflect(engine)
-        with engine.connect() as conn:
-            command.upgrade(migrate.config(conn), "0016")
-            conn.commit()
-        indexes = {i["name"]: i for i in sa.inspect(engine).get_indexes("jobs")}
-        assert snapshot(engine, columns) == before_rows
-        if engine.dialect.name == "postgresql":
-            assert "ix_jobs_status_next_run_at" not in indexes
-            assert indexes["ix_jobs_due"]["column_names"] == ["status", "next_run_at", "last_run_at", "id"]
-            assert indexes["ix_jobs_due"]["column_sorting"] == {"last_run_at": ("nulls_first",)}
-        else:
-            assert reflect(engine) == before
-        with engine.connect() as conn:
-            command.downgrade(migrate.config(conn), "0015")
-            conn.commit()
-        assert reflect(engine) == before
-    finally:
-        engine.dispose()

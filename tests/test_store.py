@@ -1188,11 +1188,7 @@ def test_schema_creates_tables_and_indexes(any_store):
     assert set(inspector.get_table_names()) >= {"jobs", "runs", "supervisors"}
     job_indexes = {ix["name"]: ix["column_names"] for ix in inspector.get_indexes("jobs")}
     run_indexes = {ix["name"]: ix["column_names"] for ix in inspector.get_indexes("runs")}
-    if store.dialect == "postgresql":  # the due read's whole order (revision 0016)
-        assert job_indexes["ix_jobs_due"] == ["status", "next_run_at", "last_run_at", "id"]
-        assert "ix_jobs_status_next_run_at" not in job_indexes
-    else:
-        assert job_indexes["ix_jobs_status_next_run_at"] == ["status", "next_run_at"]
+    assert job_indexes["ix_jobs_status_next_run_at"] == ["status", "next_run_at"]
     assert run_indexes["ix_runs_job_id_started_at"] == ["job_id", "started_at"]
     assert run_indexes["ix_runs_status"] == ["status"]
     # the unique job name and the unique occurrence are enforced by the schema

@@ -217,21 +217,9 @@ jobs = sa.Table(
     _check("status", JOB_STATUSES),
     _check("concurrency_mode", CONCURRENCY_MODES),
     _check("missed_run_policy", MISSED_RUN_POLICIES),
-    # the due read's index; on PostgreSQL ix_jobs_due below instead (revision 0016)
-    sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at",
-             # a tuple of dialects is accepted by ddl_if (sqlalchemy.sql.ddl.DDLIf), not by its annotation
-             info={"dialects": ("sqlite", "mysql", "mariadb")}).ddl_if(
-        dialect=("sqlite", "mysql", "mariadb")),  # type: ignore[arg-type]
+    sa.Index("ix_jobs_status_next_run_at", "status", "next_run_at"),
     sqlite_autoincrement=True,  # ids are never reused (PostgreSQL and MySQL never reuse them anyway)
 )
-
-# PostgreSQL (revision 0016): the due read's whole order (jobs.Jobs._due_order), so the first rows of a backlog
-# due at one instant are an index walk that stops at the poll's limit, not a sort of every job due then (3,000
-# rows read a poll with 3,000 jobs every second). The price: a result's statistics (last_run_at) are no longer
-# a HOT update. An index made for some dialects only names them in ``info["dialects"]`` (the drift guard
-# compares it only there)
-sa.Index("ix_jobs_due", jobs.c.status, jobs.c.next_run_at, jobs.c.last_run_at.nulls_first(), jobs.c.id,
-         info={"dialects": ("postgresql",)}).ddl_if(dialect="postgresql")
 
 runs = sa.Table(
     "runs", metadata,
