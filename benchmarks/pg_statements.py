@@ -15,7 +15,8 @@ the schema's ``application_name``), statements sent (SQLAlchemy cursor events) a
 prepared on the server (``parses``: unnamed ``Parse`` messages, a statement parsed and planned for one
 execution; ``named_binds``: executions of a statement prepared on the server, which psycopg does from a
 query's 6th execution on a connection). After the loop: the tables' inserted, updated and HOT-updated rows
-(``pg_stat_user_tables``) and the server's prepared statements of each connection.
+(``pg_stat_user_tables``) and the server's prepared statements of each connection. The trace costs client CPU
+of its own: read that column from a run with ``--no-trace``.
 
     python benchmarks/pg_statements.py [--jobs 3000] [--batch 10] [--cycles 600] [--warmup 50] [--json]
 """
@@ -76,17 +77,18 @@ class Trace:
         return [line for line in text.splitlines() if line.startswith("F")]
 
 
-def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] | None = None) -> dict:
+def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] | None = None,
+        trace_on: bool = True) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="pgstmt-"))
     ns = runner.Namespace("postgresql", tmp)
     try:
         store = Store.open(ns.url)
         store.engine.dispose()
-        trace = Trace(store.engine, tmp / "trace.txt")
+        trace = Trace(store.engine, tmp / "trace.txt") if trace_on else None
         statements = {"n": 0}
         sa.event.listen(store.engine, "after_cursor_execute",
                         lambda *a: statements.__setitem__("n", statements["n"] + 1))
-        now = store.db_now()
+        now = start = store.db_now()
         store.register_supervisor(INSTANCE, "pgstmt", os.getpid(), 3600.0)
         base = (now - dt.timedelta(days=1)).replace(microsecond=0)
         with store.engine.begin() as conn:  # the jobs in one INSERT (add_job one by one is slow for thousands)
@@ -110,7 +112,7 @@ def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] 
             s0, c0, b0, w0 = statements["n"], time.process_time(), _backend_ns(pids), time.perf_counter()
             out = fn()
             w1, b1, c1 = time.perf_counter(), _backend_ns(pids), time.process_time()
-            msgs = trace.take()
+            msgs = trace.take() if trace is not None else []
             r = rows[name]
             r["wall_ms"] += (w1 - w0) * 1000
             r["client_cpu_ms"] += (c1 - c0) * 1000
@@ -121,25 +123,28 @@ def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] 
             r["named_binds"] += sum(1 for m in msgs if re.search(r'\tBind\t "" "[^"]+"', m))  # a prepared one
             return out
 
+        started = time.monotonic()
         for cycle in range(warmup + cycles):
             measured = cycle >= warmup
+            now = start + dt.timedelta(seconds=time.monotonic() - started)  # the poll's instant, as in service
             if cycle == warmup:
                 with runner.sa.create_engine(runner.POSTGRES_URL).connect() as admin:
                     pids = list(admin.execute(sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = "
                                                       ":n"), {"n": ns.name}).scalars())
                     stats_before = _table_stats(admin, ns.name)
-                trace.take()
-            due = phase("due", lambda: store.due_jobs(now, limit=batch), measured)
+                if trace is not None:
+                    trace.take()
+            due = phase("due", lambda now=now: store.due_jobs(now, limit=batch), measured)
             if len(due) != batch:
                 raise RuntimeError(f"cycle {cycle}: {len(due)} due jobs, not {batch}")
             busy: set[int] = set()
-            claims = phase("claim", lambda due=due, busy=busy: store.claim_many([ClaimRequest(
+            claims = phase("claim", lambda due=due, busy=busy, now=now: store.claim_many([ClaimRequest(
                 job=j, next_run_at=j["next_run_at"] + dt.timedelta(seconds=1), lease_s=600.0, deadline_at=deadline,
                 scheduled_at=j["next_run_at"]) for j in due], now=now, instance=INSTANCE, not_before=now, busy=busy),
                 measured)
             if any(c is None for c in claims) or busy:
                 raise RuntimeError(f"cycle {cycle}: a claim lost")
-            phase("skip", lambda: store.due_live_skip_jobs(now, LIVE_SKIP_ROWS), measured)
+            phase("skip", lambda now=now: store.due_live_skip_jobs(now, LIVE_SKIP_ROWS), measured)
             done = phase("finish", lambda due=due, claims=claims: store.finish_runs([Outcome(
                 run_id=c.run_id, job_id=j["id"], token=c.lock_token, status="Completed", success=True,
                 details={"plugin_started_at": 0.0}, duration_ms=1.0,
@@ -183,9 +188,11 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--setup-sql", action="append", help="SQL run on the fresh schema before the loop (repeatable)")
+    ap.add_argument("--no-trace", action="store_true", help="no libpq trace (its cost is in the client CPU column); "
+                    "round trips and prepared statements then read 0")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    out = run(a.jobs, a.batch, a.cycles, a.warmup, a.setup_sql)
+    out = run(a.jobs, a.batch, a.cycles, a.warmup, a.setup_sql, not a.no_trace)
     if a.json:
         print(json.dumps(out, default=str))
         return
