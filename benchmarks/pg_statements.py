@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -172,6 +173,7 @@ def run(jobs_n: int, batch: int, cycles: int, warmup: int, setup_sql: list[str] 
                 "prepared": prepared, "loadavg": os.getloadavg()}
     finally:
         ns.drop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _table_stats(conn: sa.Connection, schema_name: str) -> dict[str, dict[str, int]]:
