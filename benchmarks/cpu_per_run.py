@@ -185,7 +185,9 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
         if mode == "callgrind":
             subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True)
         workers_after = workers_cpu_s(bench)
-        cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        sys_s = after.ru_stime - before.ru_stime
+        cpu_s = (after.ru_utime - before.ru_utime) + sys_s
+        switches = ((after.ru_nvcsw - before.ru_nvcsw) / k, (after.ru_nivcsw - before.ru_nivcsw) / k)
         counted = trips.counts() if trips is not None else None
         server_s = server.seconds() if server is not None else None
         result = bench.collect(due, cpu_s)
@@ -197,7 +199,8 @@ def drive(k: int, cap: int, log_level: str, per_run_only: bool, mode: str, profi
     if profiler is not None:
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(profile_top)
     worker_ms = sum(workers_after.get(pid, cpu) - cpu for pid, cpu in workers_before.items()) * 1000 / k
-    return {"runs": k, "cpu_ms_per_run": cpu_s * 1000 / k, "runs_per_s": result["runs_per_s"],
+    return {"runs": k, "cpu_ms_per_run": cpu_s * 1000 / k, "sys_ms_per_run": sys_s * 1000 / k,
+            "switches_per_run": switches, "runs_per_s": result["runs_per_s"],
             "worker_ms_per_run": worker_ms, "round_trips": counted,
             "server_ms_per_run": None if server_s is None else server_s * 1000 / k}
 
@@ -271,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns is not None:
             ns.drop()
     if mode != "callgrind":
-        print(f"supervisor CPU {row['cpu_ms_per_run']:.3f} ms per run, worker CPU (workers and their watchdogs) "
+        print(f"supervisor CPU {row['cpu_ms_per_run']:.3f} ms per run (system {row['sys_ms_per_run']:.3f}; "
+              f"context switches per run {row['switches_per_run'][0]:.2f} voluntary, "
+              f"{row['switches_per_run'][1]:.2f} involuntary), worker CPU (workers and their watchdogs) "
               f"{row['worker_ms_per_run']:.3f} ms per run, {row['runs_per_s']:.0f} runs/s ({args.jobs} "
               f"runs, cap {args.cap}, {args.backend}, log level {args.log_level}, load average "
               f"{os.getloadavg()[0]:.1f})")

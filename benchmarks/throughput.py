@@ -59,7 +59,7 @@ from pathlib import Path
 import psutil
 import sqlalchemy as sa
 
-from mjsched_isolated import protocol
+from mjsched_isolated import logs, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.store import Store
 from mjsched_isolated.store.schema import jobs, runs
@@ -117,7 +117,9 @@ class Bench:
 
     # -- driving the supervisor ------------------------------------------------------------------
     def drive(self, cond, timeout_s: float, what: str) -> None:
-        """step -> pool.wait -> on_events until ``cond()``; every wait bounded by ``timeout_s``."""
+        """step -> pool.wait -> on_events until ``cond()``; every wait bounded by ``timeout_s``. The log lines
+        of a step, and those of the events after a wait, are written in one batch each, as ``serve``'s
+        ``Supervisor.cycle`` writes them (:func:`mjsched_isolated.logs.batched`)."""
         give_up = time.monotonic() + timeout_s
         sup, pool = self.supervisor, self.pool
         while not cond():
@@ -125,10 +127,12 @@ class Bench:
             if left <= 0:
                 raise BenchError(f"cap {self.cap}: {what} not done within {timeout_s:.0f} s "
                                  f"({self.finished} runs finished, {len(sup.inflight)} in flight)")
-            wake = sup.step(*sup.read_clock())
+            with logs.batched():
+                wake = sup.step(*sup.read_clock())
             wait_s = min(max(0.0, (wake - sup.read_clock()[0]).total_seconds()), left)
             events, _ = pool.wait(wait_s)
-            sup.on_events(events, sup.read_clock()[0])
+            with logs.batched():
+                sup.on_events(events, sup.read_clock()[0])
             mono = time.monotonic()
             if mono >= self._next_rss_at:
                 self._next_rss_at = mono + RSS_SAMPLE_S

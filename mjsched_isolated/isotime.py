@@ -21,9 +21,24 @@ def iso(when: dt.datetime | None, *, timespec: str = "auto", missing: Any = "-")
     ``missing`` for None. ``timespec`` as for :meth:`datetime.isoformat` (``"seconds"`` for tables)."""
     if when is None:
         return missing
+    if timespec == "auto":  # log lines name the same instants again and again (a due occurrence, a deadline)
+        text = _AUTO.get(when)
+        if text is None:
+            if len(_AUTO) >= CACHE_SIZE:
+                _AUTO.clear()
+            text = _AUTO[when] = _iso(when, timespec)
+        return text
+    return _iso(when, timespec)
+
+
+def _iso(when: dt.datetime, timespec: str) -> str:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+CACHE_SIZE = 256
+_AUTO: dict[dt.datetime, str] = {}  # the texts of recent instants (equal datetimes: one instant, one text)
 
 
 def parse_iso(text: str) -> dt.datetime:

@@ -114,7 +114,11 @@ def decide(job: Row, now: dt.datetime, max_catchup_runs: int = 100) -> Decision:
             later = now + dt.timedelta(seconds=_spread_s(job, f"catch-up|{scheduled.isoformat()}"))
             if job.get("end_at") is None or later <= job["end_at"]:
                 return Decision(run=False, next_run_at=later, missed=True, deferred=True)
-        return Decision(run=True, next_run_at=next_after_claim(job, now), missed=missed)
+        # next_after_claim(job, now): the first occurrence after max(now, scheduled), which is ``following``
+        # itself whenever that lies after now (no occurrence between scheduled and following); issue 11: a
+        # cron evaluation less per run, and none per poll (each poll's ``now`` is new to the cron cache)
+        after_now = following if following > now else occurrence_after(job, now)
+        return Decision(run=True, next_run_at=_within_end(job, after_now), missed=missed)
     horizon = now - RUNALL_LOOKBACK
     if scheduled < horizon:  # older than any catch-up: start from the first occurrence within the horizon
         first = occurrence_after(job, horizon - _TICK)

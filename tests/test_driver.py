@@ -92,3 +92,27 @@ def test_sqlite_timestamps_are_written_and_read_as_sqlalchemys_datetime_would():
         assert bind(None) is None
         with pytest.raises(ValueError, match="naive datetime"):
             bind(dt.datetime(2026, 3, 1))
+
+
+def test_sqlite_timestamp_caches_give_what_formatting_and_parsing_give():
+    """The texts bound and the instants read are kept for the instants and texts met lately (issue 11): an
+    equal instant in another zone binds to the same UTC text, a text the lenient columns read is still
+    refused by an exact one, and a full cache is emptied, never wrong."""
+    from sqlalchemy.dialects import sqlite
+
+    from mjsched_isolated.store import schema
+    dialect = sqlite.dialect()
+    generic = sqlite.DATETIME()._cached_bind_processor(dialect)
+    bind = schema.UTCDateTime()._cached_bind_processor(dialect)
+    lenient = schema.UTCDateTime()._cached_result_processor(dialect, None)
+    exact = schema.UTCDateTime(exact=True)._cached_result_processor(dialect, None)
+    base = dt.datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    for i in range(schema.TIMESTAMP_CACHE_SIZE * 2 + 3):
+        value = base + dt.timedelta(seconds=i, microseconds=i)
+        for same in (value, value.astimezone(dt.timezone(dt.timedelta(hours=-5))), value):
+            text = bind(same)
+            assert text == generic(value.replace(tzinfo=None))
+            assert lenient(text) == value and exact(text) == value and exact(text).tzinfo is UTC
+        assert len(schema._SQLITE_TEXTS) <= schema.TIMESTAMP_CACHE_SIZE
+    assert lenient("2026-03-01 10:00:00") == dt.datetime(2026, 3, 1, 10, tzinfo=UTC)
+    assert exact("2026-03-01 10:00:00") is None and lenient("2026-03-01 10:00:00").tzinfo is UTC

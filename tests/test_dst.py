@@ -177,6 +177,22 @@ def test_policies_match_brute_force_reference(gap, fold, expr, half, zone_name, 
     assert iterate(expr, zone_name, start, end, gap, fold) == reference(expr, zone_name, start, end, gap, fold)
 
 
+@pytest.mark.parametrize(("zone_name", "instant"), TRANSITIONS, ids=[f"{z}-{t:%m%d}" for z, t in TRANSITIONS])
+@pytest.mark.parametrize(("expr", "half"), POLICY_CASES, ids=[c[0] for c in POLICY_CASES])
+@pytest.mark.parametrize(("gap", "fold"), [("Shift", "OnceIfFixedHour"), *POLICIES],
+                         ids=[f"{g}-{f}" for g, f in [("Shift", "OnceIfFixedHour"), *POLICIES]])
+def test_the_occurrence_after_any_instant_before_the_next_one_is_that_one(gap, fold, expr, half, zone_name, instant):
+    """What ``planner.decide`` relies on (issue 11: it takes the occurrence after ``now`` to be the one after
+    the claimed occurrence while ``now`` is before that one): from any instant in [an occurrence, the next
+    one), the next occurrence is that next one, across gaps and folds, under every policy."""
+    start, end = instant - half, instant + half
+    occurrences = iterate(expr, zone_name, start, end, gap, fold)
+    tick = dt.timedelta(microseconds=1)
+    for this, following in itertools.pairwise(occurrences):
+        for now in (this, this + tick, this + (following - this) / 2, following - tick):
+            assert cron.next_run_time(expr, zone_name, now, gap, fold) == following, (this, now)
+
+
 # --- pinned examples ------------------------------------------------------------------------------------
 
 def test_gap_runs_once_at_first_valid_instant_berlin():

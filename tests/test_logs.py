@@ -73,3 +73,45 @@ def test_nested_batches_join_the_outer_one_and_flush_writes_kept_lines(stream):
         logging.getLogger().handlers[0].flush()  # logging.shutdown at exit: nothing kept is lost
         assert stream.getvalue().count("\n") == 2
     assert stream.getvalue().count("\n") == 2
+
+
+def test_lean_records_carry_what_standard_records_carry():
+    """``configure`` installs :class:`logs.LeanLogRecord` (issue 11): the same fields and values as the
+    standard constructor's record made without the caller lookup (but the times); a record that names its
+    caller's file is the standard one's."""
+    saved = logging.getLogRecordFactory()
+    logs.configure("INFO", "text")
+    try:
+        assert logging.getLogRecordFactory() is logs.LeanLogRecord
+        for args in ((1, "x"), ({"k": 1},), ()):
+            lean = logs.LeanLogRecord("a.b", logging.WARNING, "(unknown file)", 0, "m %s", args, None,
+                                      "(unknown function)", None)
+            std = logging.LogRecord("a.b", logging.WARNING, "(unknown file)", 0, "m %s", args, None,
+                                    "(unknown function)", None)
+            times = ("created", "msecs", "relativeCreated")
+            assert {k: v for k, v in vars(lean).items() if k not in times} == {
+                k: v for k, v in vars(std).items() if k not in times}
+            assert 0 <= std.created - lean.created < 1 and 0 <= lean.msecs < 1000
+        named = logs.LeanLogRecord("a", logging.INFO, "/x/y/mod.py", 3, "m", (), None, "f", None)
+        assert (named.filename, named.module, named.lineno) == ("mod.py", "mod", 3)
+    finally:
+        logging.setLogRecordFactory(saved)
+
+
+def test_iso_texts_of_equal_instants_are_one_text():
+    """``isotime.iso`` keeps the texts of recent instants (issue 11: log lines name the same ones again and
+    again): an equal instant in another zone, or a naive one (taken as UTC), reads the same; a full cache
+    is emptied, never wrong."""
+    import datetime as dt
+
+    from mjsched_isolated import isotime
+    base = dt.datetime(2026, 12, 1, 21, 0, tzinfo=dt.UTC)
+    for i in range(isotime.CACHE_SIZE * 2 + 3):
+        when = base + dt.timedelta(seconds=i, microseconds=i * 7)
+        text = when.isoformat().replace("+00:00", "Z")
+        assert isotime.iso(when) == text
+        assert isotime.iso(when.astimezone(dt.timezone(dt.timedelta(hours=5, minutes=30)))) == text
+        assert isotime.iso(when.replace(tzinfo=None)) == text
+        assert isotime.iso(when, timespec="seconds") == when.isoformat(timespec="seconds").replace("+00:00", "Z")
+        assert len(isotime._AUTO) <= isotime.CACHE_SIZE
+    assert isotime.iso(None) == "-" and isotime.iso(None, missing=None) is None

@@ -136,12 +136,22 @@ class _Statements:
         duration = sa.bindparam("p_duration_ms", type_=sa.Float)
         where = jobs.c.id == sa.bindparam("p_job_id")
         # the running average is assigned before run_count (MySQL evaluates SET left to right)
-        self.stats_with_duration = jobs.update().where(where).ordered_values(
+        with_duration: list[tuple[Any, Any]] = [
             (jobs.c.avg_duration_ms, sa.case((jobs.c.avg_duration_ms.is_(None), duration),
                                              else_=(jobs.c.avg_duration_ms * jobs.c.run_count + duration)
                                              / (jobs.c.run_count + 1))),
-            (jobs.c.last_duration_ms, duration), *counts)
+            (jobs.c.last_duration_ms, duration), *counts]
+        self.stats_with_duration = jobs.update().where(where).ordered_values(*with_duration)
         self.stats = jobs.update().where(where).ordered_values(*counts)
+        # SQLite: a counted result with a duration and a lease, its statistics and its lease release in ONE
+        # UPDATE (issue 11: a statement less per run). The release's rule is release's: the lease columns are
+        # cleared only if the run's token still holds the lease (SQLite's right-hand sides read the row as it
+        # was; lock_token, compared by the others, is set last all the same)
+        held = jobs.c.lock_token == sa.bindparam("p_token")
+        self.stats_with_duration_release = jobs.update().where(where).ordered_values(
+            *with_duration,
+            *((col, sa.case((held, None), else_=col)) for col in (
+                jobs.c.locked_at, jobs.c.locked_by_instance, jobs.c.expected_completion_at, jobs.c.lock_token)))
         self.pause_on_failures = jobs.update().where(
             where, jobs.c.status == "Active", jobs.c.pause_after_failures.is_not(None),
             jobs.c.pause_after_failures > 0, jobs.c.consecutive_failures >= jobs.c.pause_after_failures).values(
@@ -510,6 +520,7 @@ class Leases:
         self._stats = Prepared(st.stats, d)
         self._stats_with_duration = Prepared(st.stats_with_duration, d)
         self._release = Prepared(st.release, d)
+        self._stats_release = Prepared(st.stats_with_duration_release, d) if self.dialect == "sqlite" else None
         # claiming, per run: the same, for the occurrence compare-and-set of each shape and the run row
         self._db_now = Prepared(st.db_now, d)
         self._insert_run = Prepared(st.insert_run.returning(runs.c.id) if self.dialect == "postgresql"
@@ -816,14 +827,19 @@ class Leases:
                     "p_durations": [o.duration_ms for o in counted],
                     "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
                     "p_completed": [_naive(o.completed_at) for o in counted]})
+            # SQLite: the release of a counted run with a duration goes with its statistics (released: its id)
+            released = {id(o) for o in counted if self._stats_release is not None and o.duration_ms is not None
+                        and o.token is not None and (o.pause_reason is None or o.success or o.retry_set)}
             for stmt, group in ((self._stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
-                                (self._stats_with_duration, [o for o in counted
-                                                             if o.duration_ms is not None and not pg_batch])):
-                if group:
+                                (self._stats_with_duration, [o for o in counted if o.duration_ms is not None
+                                                             and not pg_batch and id(o) not in released]),
+                                (self._stats_release, [o for o in counted if id(o) in released])):
+                if group and stmt is not None:
                     stmt.executemany(conn, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
                                              "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
                                              "p_final_failure": 0 if o.success or o.retry_set else 1,
-                                             "p_completed_at": o.completed_at} for o in group])
+                                             "p_completed_at": o.completed_at, "p_token": o.token}
+                                            for o in group])
             for o in won:
                 if o.pause_reason is not None and not o.success and not o.retry_set and o.count:
                     o.paused = conn.execute(st.pause_on_failures, {
@@ -831,7 +847,8 @@ class Leases:
                         "p_completed_at": o.completed_at}).rowcount == 1
                     if o.paused and o.pause_notices:
                         insert_notices(conn, self.dialect, o.pause_notices)
-            releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won if o.token is not None]
+            releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won
+                        if o.token is not None and id(o) not in released]
             if self.dialect == "postgresql" and len(releases) > 1:
                 conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
                                                   "p_tokens": [r["p_token"] for r in releases]})

@@ -72,6 +72,16 @@ class _LenientSQLiteDateTime(sqlite.DATETIME):
         return process
 
 
+# SQLite's timestamps are text: the texts of the instants bound lately, and the instants of the texts read
+# lately (datetimes are immutable, so one object serves every reader). A poll binds and reads the same few
+# instants over and over - the occurrence due, the poll's now, the batch's start and end - and formatting or
+# parsing one cost more than the SQL statement's own share of it (issue 11, callgrind). Emptied when full.
+TIMESTAMP_CACHE_SIZE = 1024
+_SQLITE_TEXTS: dict[dt.datetime, str] = {}
+_SQLITE_PARSED: dict[str, dt.datetime] = {}  # lenient columns (any form :class:`_LenientSQLiteDateTime` reads)
+_SQLITE_EXACT_PARSED: dict[str, dt.datetime] = {}  # exact columns: only the store's own form
+
+
 class UTCDateTime(sa.TypeDecorator):
     """Aware UTC datetimes in and out; stored naive UTC with microseconds. On SQLite a stored value that
     is not a timestamp reads as None (see :class:`_LenientSQLiteDateTime`)."""
@@ -103,14 +113,20 @@ class UTCDateTime(sa.TypeDecorator):
         if dialect.name != "sqlite":
             return super().bind_processor(dialect)
 
+        texts = _SQLITE_TEXTS
+
         def process(value):  # SQLite's DATETIME text, microseconds: "YYYY-MM-DD HH:MM:SS.ffffff"
             if value is None:
                 return None
             if value.tzinfo is None:
                 raise ValueError("naive datetime given to the store; pass aware UTC datetimes")
-            if value.tzinfo is not UTC:
-                value = value.astimezone(UTC)
-            return value.isoformat(" ", "microseconds")[:26]
+            text = texts.get(value)  # equal aware datetimes are one instant: one text
+            if text is None:
+                text = (value if value.tzinfo is UTC else value.astimezone(UTC)).isoformat(" ", "microseconds")[:26]
+                if len(texts) >= TIMESTAMP_CACHE_SIZE:
+                    texts.clear()
+                texts[value] = text
+            return text
 
         return process
 
@@ -118,15 +134,24 @@ class UTCDateTime(sa.TypeDecorator):
         if dialect.name != "sqlite":
             return super().result_processor(dialect, coltype)
         form = _LenientSQLiteDateTime._EXACT if self.exact else _LenientSQLiteDateTime._FORM
+        parsed = _SQLITE_EXACT_PARSED if self.exact else _SQLITE_PARSED
 
         def process(value):  # as _LenientSQLiteDateTime then process_result_value
             if value is None:
                 return None
+            if isinstance(value, str):
+                when = parsed.get(value)
+                if when is None:
+                    if not form.fullmatch(value):
+                        return None
+                    when = dt.datetime.fromisoformat(value + "+00:00")  # the C parser; tzinfo is datetime.UTC
+                    if len(parsed) >= TIMESTAMP_CACHE_SIZE:
+                        parsed.clear()
+                    parsed[value] = when
+                return when
             if isinstance(value, dt.datetime):
                 return value.replace(tzinfo=UTC)
-            if not isinstance(value, str) or not form.fullmatch(value):
-                return None
-            return dt.datetime.fromisoformat(value + "+00:00")  # the C parser; tzinfo is datetime.UTC
+            return None
 
         return process
 

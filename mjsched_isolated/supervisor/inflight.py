@@ -10,6 +10,8 @@ from mjsched_isolated import planner
 
 RETRY_FIELDS = ("max_retries", "retry_backoff_s", "retry_backoff_factor", "retry_backoff_max_s", "retry_max_jitter_s",
                 "retry_on", "pause_after_failures")
+JOB_FIELDS = ("id", "name", "notify_on_success", "notify_on_failure", "notify_recipients", "max_memory_mb",
+              *RETRY_FIELDS)  # the job's fields an InFlight keeps (InFlight.job)
 
 
 class InFlight:
@@ -44,8 +46,7 @@ class InFlight:
         self.cpu_limit_s: float | None = None
         self.cpu_base_s = 0.0
         self.cpu_check_at: dt.datetime | None = None
-        self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
-                                            "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
+        self.job = dict(zip(JOB_FIELDS, map(job.get, JOB_FIELDS)))
 
     @property
     def wake_at(self) -> dt.datetime:
