@@ -483,6 +483,7 @@ class Outcome(msgspec.Struct):
     retry_set: bool = False  # set by finish_runs: the retry was written (no other retry was pending)
     paused: bool = False  # set by finish_runs: the job was paused by this outcome
     fenced: bool = False  # the run was killed because its supervisor lost its lease: not a result to keep late
+    unstarted: bool = False  # claimed ahead, ended before its instant: its plugin never started
 
 
 ABANDONED_PREFIX = "abandoned: "  # how an abandoned run's error_message begins (the sweep's verdict)

@@ -723,6 +723,7 @@ class Dispatcher:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.attempt = attempt
+        flight.start_at = start_at
         flight.recorded_start = started_at = claim.started_at or now
         self.inflight[claim.run_id] = flight
         limits = run_limits(job, self.settings.limits)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from mjsched_isolated.supervisor.pool import ChildEvent, describe_exit
 from mjsched_isolated.supervisor.recording import Recorder
 
 log = logging.getLogger("mjsched.supervisor")
+WITHDRAW_MARGIN_S = 0.05  # a shutdown withdraws a run claimed ahead only this long before its instant or more
 
 
 class RunGuard:
@@ -164,6 +166,9 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("fence")
+        if flight.unstarted():  # claimed ahead, killed before its instant: its occurrence runs again
+            self.recorder.record_unstarted(flight, now, f"fenced: {why}", again=True)
+            return
         log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Failed", success=False,
                              error_message=f"fenced: run killed because {why}", fenced=True)
@@ -196,6 +201,9 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("cancel" if retry else "replace")
+        if flight.unstarted():  # claimed ahead, cancelled before its instant: the plugin never started
+            self.recorder.record_unstarted(flight, now, reason, again=False)
+            return
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
                     extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False,
@@ -213,7 +221,31 @@ class RunGuard:
             del self.inflight[flight.run_id]
             self.pool.kill(flight.worker)
             self.metrics.run_killed("shutdown")
-            self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
+            if flight.unstarted():  # claimed ahead, stopped before its instant: its occurrence runs again
+                self.recorder.record_unstarted(flight, now, reason, again=True)
+            else:
+                self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason,
+                                     count=False)
+
+    def withdraw_unstarted(self, now: dt.datetime, why: str) -> None:
+        """Kill the workers of the runs claimed ahead whose instant is more than :data:`WITHDRAW_MARGIN_S`
+        away (a shutdown starts no new run) and record them never started, their occurrences run again (by
+        whichever supervisor runs then). A run nearer its instant is left to start and drain: a kill that
+        came after its start would interrupt it."""
+        margin = time.time() + WITHDRAW_MARGIN_S
+        unstarted = [f for f in self.inflight.values() if f.start_at is not None and f.start_at > margin]
+        if not unstarted:
+            return
+        for flight in unstarted:
+            del self.inflight[flight.run_id]
+        self.pool.kill_all([f.worker for f in unstarted])
+        for flight in unstarted:
+            self.metrics.run_killed("shutdown")
+            if flight.unstarted():
+                self.recorder.record_unstarted(flight, now, why, again=True)
+            else:
+                self.recorder.record(flight, now, status="Cancelled", success=False, count=False,
+                                     error_message=f"interrupted: {why}")
 
     def on_death(self, event: ChildEvent, now: dt.datetime) -> None:
         """A worker died: its run (if any) is Failed with the exit code or signal."""
@@ -226,6 +258,10 @@ class RunGuard:
         if flight.kill_at is not None:  # sent SIGTERM at its deadline: the worker ended within the grace
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
+            return
+        if flight.unstarted():  # claimed ahead, its worker dead before the instant: its occurrence runs again
+            self.recorder.record_unstarted(flight, now, f"worker process {event.worker.pid} died ({how}) while the "
+                                                        "run waited for its instant", again=True)
             return
         if event.exitcode == -signal.SIGKILL and not event.oom_killed and self.lease_lapsed(flight):
             self.metrics.run_killed("fence")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,9 @@ class InFlight:
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
         self.kill_at: dt.datetime | None = None  # past its deadline, sent SIGTERM: SIGKILL at this time
         self.scheduled_at: dt.datetime | None = None
+        # claimed ahead (claim_ahead_s): the worker starts the plugin at this instant of this machine's clock
+        # (epoch seconds), never before; None: at once
+        self.start_at: float | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
@@ -46,6 +50,12 @@ class InFlight:
         self.cpu_check_at: dt.datetime | None = None
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
+
+    def unstarted(self) -> bool:
+        """True while a run claimed ahead cannot have started its plugin: this machine's clock has not reached
+        its ``start_at`` (its worker waits for it by the same clock). Asked once the worker is dead (killed,
+        or its death seen), it says the plugin never started."""
+        return self.start_at is not None and time.time() < self.start_at
 
     @property
     def wake_at(self) -> dt.datetime:

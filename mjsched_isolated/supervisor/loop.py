@@ -405,6 +405,7 @@ class Supervisor:
         self.accepting = False
         self.pool.refill = False
         self.drain_deadline = now + dt.timedelta(seconds=self.settings.shutdown_timeout_s)
+        self.guard.withdraw_unstarted(now, f"supervisor {self.settings.instance} is shutting down")
         log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
                  self.settings.shutdown_timeout_s, len(self.inflight))
 
