@@ -255,8 +255,9 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
     """Ask for run ``run_id`` to be cancelled (Flower's revoke/terminate, Oban Web's cancel): the request
     (``cancel_requested_at`` by the database clock, ``cancel_requested_by`` = ``requested_by`` or
     :func:`default_actor`) is written on the Running run row, and whichever supervisor holds the run
-    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``) and records it
-    Cancelled, not counted as a failure. A run that finishes first keeps its outcome. Returns the run
+    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``; a run claimed ahead
+    that waits for its instant, just before it: its plugin never starts) and records it Cancelled, not
+    counted as a failure. A run that finishes first keeps its outcome. Returns the run
     (still Running). Raises :class:`NotFoundError` (field ``id``) for an unknown run, :class:`InputError`
     (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for a name that is
     empty, longer than :data:`MAX_ACTOR_CHARS` or not one line of printable characters."""

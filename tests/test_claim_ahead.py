@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import Driver, add_job
 
+from mjsched_isolated import ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import InputError
 from mjsched_isolated.supervisor import utcnow
@@ -241,3 +242,22 @@ def test_a_shutdown_withdraws_a_run_claimed_ahead_before_its_instant(store, driv
     assert run["status"] == "Cancelled" and run["error_message"].startswith("never started: supervisor ")
     assert store.get_job("a")["retry_attempt"] == 2
     d.until(lambda: d.supervisor.done)
+
+
+def test_runs_cancel_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_starts(store, driver_factory):
+    """`runs cancel` while a run claimed ahead waits: its supervisor reads the request just before the instant
+    (not at its next lease renewal, 10 s away) and kills the worker first: recorded never started, not run
+    again (it was cancelled), and the plugin never ran."""
+    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    ops.cancel_run(store, handed[0], requested_by="alice@host")
+    d.until(lambda: store.get_run(handed[0])["status"] != "Running")
+    run = store.get_run(handed[0])
+    assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None
+    assert run["error_message"].startswith("never started: cancelled by alice@host (runs cancel)")
+    job = store.get_job("a")
+    assert job["retry_attempt"] is None and job["next_run_at"] > instant  # cancelled: not run again

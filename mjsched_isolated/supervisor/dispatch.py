@@ -43,6 +43,9 @@ CONTENDED_FOR = dt.timedelta(seconds=30)
 # meanwhile it reads this many times its free slots and takes them in a random order within each instant: a
 # claim holds its rows for one statement only (PostgreSQL), too briefly for a peer's read to pass over them
 CONTENDED_READ = 3
+# a run claimed ahead: its cancel requests are read once more this long before its instant (RunGuard), so a
+# `runs cancel` while it waits stops it before its plugin starts
+CANCEL_CHECK_BEFORE = dt.timedelta(milliseconds=50)
 
 
 def how_many(count: int) -> str:
@@ -725,6 +728,8 @@ class Dispatcher:
         flight.attempt = attempt
         flight.start_at = start_at
         flight.recorded_start = started_at = claim.started_at or now
+        if start_at is not None:  # a `runs cancel` meanwhile is acted on before the plugin starts
+            flight.cancel_check_at = started_at - CANCEL_CHECK_BEFORE
         self.inflight[claim.run_id] = flight
         limits = run_limits(job, self.settings.limits)
         notify = bool(self.settings.notifications.channels())  # else the plugin's notice text is not asked for

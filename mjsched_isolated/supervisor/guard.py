@@ -166,7 +166,7 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("fence")
-        if flight.unstarted():  # claimed ahead, killed before its instant: its occurrence runs again
+        if flight.unstarted(self._reaped_at()):  # claimed ahead, killed before its instant: run again
             self.recorder.record_unstarted(flight, now, f"fenced: {why}", again=True)
             return
         log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
@@ -187,12 +187,32 @@ class RunGuard:
         for run_id in set(self.inflight) - set(held):
             self.fence(self.inflight[run_id], now,
                        "its lease was taken over, the run was abandoned, or its job was removed")
+        self._act_on_cancels(held, now)
+
+    def _act_on_cancels(self, held: dict[int, str | None], now: dt.datetime) -> None:
+        """Cancel the runs of ``held`` (:meth:`Store.held_runs`) someone asked to cancel."""
         for run_id, requested_by in held.items():
             if requested_by is not None and run_id in self.inflight:
                 if planner.is_replacement(requested_by):  # another supervisor saw its Replace occurrence due
                     self.cancel(self.inflight[run_id], now, requested_by, retry=False)
                 else:
                     self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def cancel_before_start(self, now: dt.datetime) -> None:
+        """Runs claimed ahead whose ``cancel_check_at`` (just before their instant) has come: one read of their
+        cancel requests (the renewal's query, for them alone), and those asked to be cancelled are, before
+        their workers start the plugins (recorded never started). A request that comes later is acted on at
+        the next renewal, as for any live run."""
+        due = [f for f in self.inflight.values() if f.cancel_check_at is not None and now >= f.cancel_check_at]
+        if not due:
+            return
+        for flight in due:
+            flight.cancel_check_at = None
+        try:
+            held = self.store.held_runs({f.run_id: f.token for f in due}, self.settings.instance)
+        except Exception:  # noqa: BLE001 - the renewal's check still comes
+            return
+        self._act_on_cancels(held, now)
 
     def cancel(self, flight: InFlight, now: dt.datetime, reason: str, *, retry: bool = True) -> None:
         """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
@@ -201,7 +221,7 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("cancel" if retry else "replace")
-        if flight.unstarted():  # claimed ahead, cancelled before its instant: the plugin never started
+        if flight.unstarted(self._reaped_at()):  # claimed ahead, cancelled before its instant: never started
             self.recorder.record_unstarted(flight, now, reason, again=False)
             return
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
@@ -221,11 +241,17 @@ class RunGuard:
             del self.inflight[flight.run_id]
             self.pool.kill(flight.worker)
             self.metrics.run_killed("shutdown")
-            if flight.unstarted():  # claimed ahead, stopped before its instant: its occurrence runs again
+            if flight.unstarted(self._reaped_at()):  # claimed ahead, stopped before its instant: run again
                 self.recorder.record_unstarted(flight, now, reason, again=True)
             else:
                 self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason,
                                      count=False)
+
+    def _reaped_at(self) -> float | None:
+        """When the pool's last kill had reaped its workers (before it spawned their replacements), None:
+        unknown (then "now" judges whether a run claimed ahead had started)."""
+        at = getattr(self.pool, "reaped_at", None)
+        return at if isinstance(at, float) else None
 
     def withdraw_unstarted(self, now: dt.datetime, why: str) -> None:
         """Kill the workers of the runs claimed ahead whose instant is more than :data:`WITHDRAW_MARGIN_S`
@@ -239,9 +265,10 @@ class RunGuard:
         for flight in unstarted:
             del self.inflight[flight.run_id]
         self.pool.kill_all([f.worker for f in unstarted])
+        reaped_at = self._reaped_at()
         for flight in unstarted:
             self.metrics.run_killed("shutdown")
-            if flight.unstarted():
+            if flight.unstarted(reaped_at):
                 self.recorder.record_unstarted(flight, now, why, again=True)
             else:
                 self.recorder.record(flight, now, status="Cancelled", success=False, count=False,

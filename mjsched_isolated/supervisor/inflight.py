@@ -39,6 +39,9 @@ class InFlight:
         # claimed ahead (claim_ahead_s): the worker starts the plugin at this instant of this machine's clock
         # (epoch seconds), never before; None: at once
         self.start_at: float | None = None
+        # claimed ahead: when to look for a cancel request (`runs cancel`) once more before the instant
+        # (RunGuard.cancel_before_start; database time), None: not to
+        self.cancel_check_at: dt.datetime | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
@@ -51,17 +54,20 @@ class InFlight:
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
 
-    def unstarted(self) -> bool:
-        """True while a run claimed ahead cannot have started its plugin: this machine's clock has not reached
-        its ``start_at`` (its worker waits for it by the same clock). Asked once the worker is dead (killed,
-        or its death seen), it says the plugin never started."""
-        return self.start_at is not None and time.time() < self.start_at
+    def unstarted(self, at: float | None = None) -> bool:
+        """True while a run claimed ahead cannot have started its plugin: this machine's clock (or ``at``, epoch
+        seconds) has not reached its ``start_at`` (its worker waits for it by the same clock). Asked once the
+        worker is dead (``at``: when it was reaped; or its death seen), it says the plugin never started."""
+        return self.start_at is not None and (time.time() if at is None else at) < self.start_at
 
     @property
     def wake_at(self) -> dt.datetime:
         """When the supervisor must act on this run next: its deadline, or once it was sent SIGTERM, the
-        end of its grace; earlier if its CPU time is due to be checked (``cpu_check_at``)."""
+        end of its grace; earlier if its CPU time is due to be checked (``cpu_check_at``), or a run claimed
+        ahead its cancel requests (``cancel_check_at``)."""
         at = self.deadline if self.kill_at is None else self.kill_at
+        if self.cancel_check_at is not None:
+            at = min(at, self.cancel_check_at)
         return at if self.cpu_check_at is None or self.kill_at is not None else min(at, self.cpu_check_at)
 
     def shift(self, by: dt.timedelta) -> None:

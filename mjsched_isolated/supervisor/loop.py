@@ -218,6 +218,7 @@ class Supervisor:
         self.recorder.retry_pending()
         self.guard.enforce_deadlines(now)
         self.guard.enforce_cpu_limits(now)
+        self.guard.cancel_before_start(now)
         if not self.accepting:
             return self._drain_step(now, mono)
         if not self.scheduling:

@@ -271,6 +271,7 @@ class Pool:
         self.respawns = 0
         self.on_respawn: Callable[[], None] | None = None  # called after each respawn (metrics)
         self.refill = True  # False while shutting down: dead slots stay empty
+        self.reaped_at: float | None = None  # the wall clock (epoch s) when kill_all had reaped its workers
         # monotonic time after which busy children kill themselves (the supervisor's lease is not trusted
         # any more); infinite until a supervisor with a liveness lease sets it
         self.fence_at = _ctx.RawValue("d", math.inf)
@@ -597,6 +598,7 @@ class Pool:
             worker.conn.close()
             self._release_cgroup(worker)
             self._vacate(worker, died_before_ready=False, maintain=False)
+        self.reaped_at = time.time()  # dead by then (a run claimed ahead, dead before its instant, never started)
         if workers:
             self._maintain()
         return runs
