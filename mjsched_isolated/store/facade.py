@@ -159,6 +159,11 @@ class Store:
         """The first names of the Active jobs with a schedule (:meth:`Jobs.active_job_names`)."""
         return self.jobs.active_job_names(cron_expression, timezone, limit)
 
+    def active_schedules_named(self, limit: int) -> list[tuple[str, str, int, list[str]]]:
+        """(cron, zone, count, first names) per schedule of the Active jobs, one read
+        (:meth:`Jobs.active_schedules_named`)."""
+        return self.jobs.active_schedules_named(limit)
+
     def active_jobs(self) -> list[JobRow]:
         """Every Active job (:meth:`Jobs.active_jobs`)."""
         return self.jobs.active_jobs()
