@@ -210,6 +210,13 @@ class Store:
         self.jobs.forget_due({r.job["id"] for r in requests})  # see claim
         return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
 
+    def claim_replacement(self, request: ClaimRequest, replaced: Outcome, *, now: dt.datetime,
+                          instance: str) -> Claim | None:
+        """Replace: claim the newest due occurrence over the lease of the run it replaces and record that run
+        Cancelled, in one transaction, before that run is killed (:meth:`Leases.claim_replacement`)."""
+        self.jobs.forget_due({request.job["id"]})  # see claim
+        return self.leases.claim_replacement(request, replaced, now=now, instance=instance)
+
     def claim_pool(self, requests: Sequence[ClaimRequest], limit: int, *, instance: str,
                    not_before: dt.datetime | None = None) -> list[Claim | None]:
         """PostgreSQL: claim at most ``limit`` of the plain candidates ``requests``, the first ones no peer

@@ -18,6 +18,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.leases import Outcome
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.limits import CPU_KILL_MARGIN_S, next_cpu_check_s
 from mjsched_isolated.supervisor.metrics import Metrics
@@ -42,6 +43,7 @@ class RunGuard:
         self.metrics = metrics
         self.recorder = recorder
         self.inflight = inflight
+        self._replace_declined: set[int] = set()  # runs whose replace request was declined (job not Active)
 
     def enforce_deadlines(self, now: dt.datetime) -> None:
         """Runs past their deadline get SIGTERM (their whole process tree; a plugin's SIGTERM handler and
@@ -166,7 +168,7 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("fence")
-        if flight.unstarted(self._reaped_at()):  # claimed ahead, killed before its instant: run again
+        if flight.unstarted(now, self._reaped_at()):  # claimed ahead, killed before its instant: run again
             self.recorder.record_unstarted(flight, now, f"fenced: {why}", again=True)
             return
         log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
@@ -194,9 +196,26 @@ class RunGuard:
         for run_id, requested_by in held.items():
             if requested_by is not None and run_id in self.inflight:
                 if planner.is_replacement(requested_by):  # another supervisor saw its Replace occurrence due
-                    self.cancel(self.inflight[run_id], now, requested_by, retry=False)
+                    if self._replacement_stands(self.inflight[run_id], requested_by):
+                        self.cancel(self.inflight[run_id], now, requested_by, retry=False)
                 else:
                     self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def _replacement_stands(self, flight: InFlight, requested_by: str) -> bool:
+        """A replace request from another supervisor is acted on only while the job is still Active: a job
+        paused (or removed) since then starts no new run, so its live run is not killed for one (it goes on;
+        said once per run)."""
+        try:
+            job = self.store.get_job_by_id(flight.job_id)
+        except Exception:  # noqa: BLE001 - judged again at the next renewal
+            return False
+        if job is not None and job["status"] == "Active":
+            return True
+        if flight.run_id not in self._replace_declined:
+            self._replace_declined.add(flight.run_id)
+            log.warning("run %d of job %s: not replaced (%s): the job is no longer Active, so no new run would "
+                        "start; the run goes on", flight.run_id, flight.job_name, requested_by, extra=log_ctx(flight))
+        return False
 
     def cancel_before_start(self, now: dt.datetime) -> None:
         """Runs claimed ahead whose ``cancel_check_at`` (just before their instant) has come: one read of their
@@ -221,13 +240,24 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("cancel" if retry else "replace")
-        if flight.unstarted(self._reaped_at()):  # claimed ahead, cancelled before its instant: never started
+        if flight.unstarted(now, self._reaped_at()):  # claimed ahead, cancelled before its instant: never started
             self.recorder.record_unstarted(flight, now, reason, again=False)
             return
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
                     extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False,
                              retryable=retry)
+
+    def kill_replaced(self, flight: InFlight, outcome: Outcome) -> None:
+        """Kill the process tree of a run replaced by a newer occurrence (concurrency_mode Replace) whose
+        Cancelled ``outcome`` was recorded with the claim of its replacement (``Store.claim_replacement``):
+        its log line and metrics as if recorded here."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("replace")
+        log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name,
+                    outcome.error_message, extra=log_ctx(flight))
+        self.recorder.recorded(flight, outcome)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""
@@ -241,7 +271,7 @@ class RunGuard:
             del self.inflight[flight.run_id]
             self.pool.kill(flight.worker)
             self.metrics.run_killed("shutdown")
-            if flight.unstarted(self._reaped_at()):  # claimed ahead, stopped before its instant: run again
+            if flight.unstarted(now, self._reaped_at()):  # claimed ahead, stopped before its instant: run again
                 self.recorder.record_unstarted(flight, now, reason, again=True)
             else:
                 self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason,
@@ -259,7 +289,9 @@ class RunGuard:
         whichever supervisor runs then). A run nearer its instant is left to start and drain: a kill that
         came after its start would interrupt it."""
         margin = time.time() + WITHDRAW_MARGIN_S
-        unstarted = [f for f in self.inflight.values() if f.start_at is not None and f.start_at > margin]
+        later = now + dt.timedelta(seconds=WITHDRAW_MARGIN_S)
+        unstarted = [f for f in self.inflight.values()
+                     if f.start_at is not None and f.start_at > margin and later < f.recorded_start]
         if not unstarted:
             return
         for flight in unstarted:
@@ -268,7 +300,7 @@ class RunGuard:
         reaped_at = self._reaped_at()
         for flight in unstarted:
             self.metrics.run_killed("shutdown")
-            if flight.unstarted(reaped_at):
+            if flight.unstarted(now, reaped_at):
                 self.recorder.record_unstarted(flight, now, why, again=True)
             else:
                 self.recorder.record(flight, now, status="Cancelled", success=False, count=False,
@@ -286,7 +318,7 @@ class RunGuard:
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
             return
-        if flight.unstarted():  # claimed ahead, its worker dead before the instant: its occurrence runs again
+        if flight.unstarted(now):  # claimed ahead, its worker dead before the instant: its occurrence runs again
             self.recorder.record_unstarted(flight, now, f"worker process {event.worker.pid} died ({how}) while the "
                                                         "run waited for its instant", again=True)
             return

@@ -54,11 +54,13 @@ class InFlight:
         self.job = {k: job.get(k) for k in ("id", "name", "notify_on_success", "notify_on_failure",
                                             "notify_recipients", "max_memory_mb", *RETRY_FIELDS)}
 
-    def unstarted(self, at: float | None = None) -> bool:
-        """True while a run claimed ahead cannot have started its plugin: this machine's clock (or ``at``, epoch
-        seconds) has not reached its ``start_at`` (its worker waits for it by the same clock). Asked once the
-        worker is dead (``at``: when it was reaped; or its death seen), it says the plugin never started."""
-        return self.start_at is not None and (time.time() if at is None else at) < self.start_at
+    def unstarted(self, now: dt.datetime, at: float | None = None) -> bool:
+        """True while a run claimed ahead cannot have started its plugin: neither the supervisor's ``now``
+        (database time) has reached its instant nor this machine's clock (or ``at``, epoch seconds) its
+        ``start_at`` (its worker waits for it by that clock). Asked once the worker is dead (``at``: when it
+        was reaped; or its death seen), it says the plugin never started."""
+        return (self.start_at is not None and now < self.recorded_start
+                and (time.time() if at is None else at) < self.start_at)
 
     @property
     def wake_at(self) -> dt.datetime:

@@ -72,6 +72,9 @@ class Supervisor:
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.dispatcher.cancel_flight = lambda flight, now, reason: self.guard.cancel(flight, now, reason, retry=False)
+        self.dispatcher.replaced_outcome = lambda flight, now, by: self.recorder.outcome(
+            flight, now, status="Cancelled", success=False, error_message=by, count=False, retryable=False)
+        self.dispatcher.kill_replaced = self.guard.kill_replaced
         # claim_ahead_s: a database instant on this machine's own clock (a worker's start_at), and whether
         # the liveness lease is still trusted claim_ahead_s from now
         self.dispatcher.local_epoch = lambda at: (at - self.liveness.db_offset).timestamp() - self.clock.skew_s

@@ -409,6 +409,11 @@ class Pool:
             self._keep_lock = None
 
     # -- dispatch --------------------------------------------------------------------------------
+    def refills_at_once(self, worker: Worker) -> bool:
+        """Whether ``worker``'s slot is refilled as soon as it is killed (a kill sets no backoff; an earlier
+        death before Ready may have)."""
+        return self.refill and self._backoff_s[worker.slot] == 0
+
     def idle_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w is not None and w.idle]
 

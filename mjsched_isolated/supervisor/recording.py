@@ -193,6 +193,11 @@ class Recorder:
                     f": {one_line(outcome.error_message)}" if outcome.error_message else "", extra=log_ctx(flight))
         return True
 
+    def recorded(self, flight: InFlight, outcome: Outcome) -> None:
+        """An outcome written by another transaction (a replaced run's, with its replacement's claim): its
+        metrics, notices' wake-up and log line, as for one recorded here."""
+        self._after(flight, outcome, True)
+
     def _after(self, flight: InFlight, outcome: Outcome, recorded: bool) -> None:
         """Metrics, the sender's wake-up and the log line of one outcome once its transaction committed."""
         status = outcome.status
