@@ -486,9 +486,36 @@ def load_settings(*, config_path: str | None = None, environ: dict[str, str] | N
     environ = dict(os.environ if environ is None else environ)
     path = config_path or environ.get("MJSCHED_CONFIG") or None
     table = read_config_file(path, "--config" if config_path else "MJSCHED_CONFIG") if path else {}
+    if path:  # a value of the wrong type is reported even if the environment or a flag overrides it
+        check_types(table, where=f" (in {path})")
     table = _merge(table, environment_overrides(environ))
     table = _merge(table, _drop_none(flags or {}))
     return build_settings(table)
+
+
+def check_types(table: dict[str, Any], struct: type[msgspec.Struct] = Settings, prefix: str = "",
+                where: str = "") -> None:
+    """Check each key of a settings table (a configuration file's) alone: unknown keys and values of the
+    wrong type raise :class:`InputError` naming the key (``where`` is added to the message), whatever the
+    other sources say later. Ranges and checks across keys are left to the merged settings
+    (:func:`build_settings`): a flag may make them hold."""
+    hints = typing.get_type_hints(struct, include_extras=False)
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if key not in hints:
+            raise InputError(name, f"unknown setting{where}")
+        kind = hints[key]
+        section = next((t for t in (kind, *typing.get_args(kind))
+                        if isinstance(t, type) and issubclass(t, msgspec.Struct)), None)
+        if section is not None and isinstance(value, dict):
+            check_types(value, section, f"{name}.", where)
+            continue
+        try:
+            msgspec.convert(value, kind)
+        except InputError:  # a range or a check across keys: judged on the merged settings
+            pass
+        except msgspec.ValidationError as exc:
+            raise InputError(name, f"{str(exc).split(' - at ')[0]}{where}") from None
 
 
 def _drop_none(table: dict[str, Any]) -> dict[str, Any]:

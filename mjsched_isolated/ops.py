@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import logging
 import os
 import socket
 import time
@@ -44,6 +45,7 @@ from mjsched_isolated.store.migrate import SchemaError
 from mjsched_isolated.store.records import JobRow
 from mjsched_isolated.supervisor.inspection import inspect_plugins
 
+log = logging.getLogger("mjsched.ops")
 Row = dict[str, Any]
 JOB_FIELDS: tuple[str, ...] = tuple(JobSpec.__struct_fields__)
 NO_RETRY = {"retry_at": None, "retry_attempt": None, "retry_scheduled_at": None, "retry_next_run_at": None}
@@ -255,8 +257,9 @@ def cancel_run(store: Store, run_id: int, requested_by: str | None = None) -> Ro
     """Ask for run ``run_id`` to be cancelled (Flower's revoke/terminate, Oban Web's cancel): the request
     (``cancel_requested_at`` by the database clock, ``cancel_requested_by`` = ``requested_by`` or
     :func:`default_actor`) is written on the Running run row, and whichever supervisor holds the run
-    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``) and records it
-    Cancelled, not counted as a failure. A run that finishes first keeps its outcome. Returns the run
+    kills its process tree at its next lease renewal (within ``lease_renew_interval_s``; a run claimed ahead
+    that waits for its instant, just before it: its plugin never starts) and records it Cancelled, not
+    counted as a failure. A run that finishes first keeps its outcome. Returns the run
     (still Running). Raises :class:`NotFoundError` (field ``id``) for an unknown run, :class:`InputError`
     (``id``) for a run that is no longer Running (nothing written), (``requested_by``) for a name that is
     empty, longer than :data:`MAX_ACTOR_CHARS` or not one line of printable characters."""
@@ -440,17 +443,27 @@ def make_spec(fields: Mapping[str, Any], where: str = "") -> JobSpec:
 
 def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
                             prefix: Callable[[int], str] = lambda i: "") -> None:
-    """Ask a worker child whether each spec's ``job_type`` exists and its configuration is valid.
-    Raises :class:`InputError` naming ``<prefix(i)>job_type`` or ``<prefix(i)>configuration.<path>``."""
+    """Ask a worker child whether each spec's ``job_type`` exists and its configuration is valid. The child
+    starts from the last good plugin copies of a live ``serve`` of the same plugins folder on this machine:
+    a job type whose file no longer imports but which serve keeps running (its last good version) is
+    accepted, with a warning naming the broken file (logged). Raises :class:`InputError` naming
+    ``<prefix(i)>job_type`` or ``<prefix(i)>configuration.<path>``."""
     checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
-    report = inspect_plugins(settings, checks)
+    report = inspect_plugins(settings, checks, borrow_good_plugins=True)
     for i, error in enumerate(report.errors):
         if error is not None:
             field, _, message = error.partition(": ")  # the worker's reply is one "<field>: <message>" line
             if field == "job_type" and report.failures:  # the type may live in a module that did not load
-                message += "; plugin modules that failed to load: " + ", ".join(
-                    f.module for f in report.failures) + " (see `plugins list`)"
+                message += ("; plugin modules that failed to load: " + ", ".join(f.module for f in report.failures)
+                            + " (see `plugins list`), and no `serve` of this plugins folder on this machine keeps a "
+                              "last good version of them: a job of that type could not run")
             raise InputError(f"{prefix(i)}{field}", message)
+    modules = {p.job_type: p.module for p in report.plugins}
+    for job_type in sorted({job_type for job_type, _ in checks}):
+        for fallback in report.fallbacks:
+            if job_type in modules and fallback.startswith(f"plugin module {modules[job_type]} "):
+                log.warning("job_type %r accepted: checked against the last good version of its plugin, which "
+                            "serve keeps running until the file is fixed: %s", job_type, fallback)
 
 
 def _spec_fields_of(row: Mapping[str, Any]) -> dict[str, Any]:

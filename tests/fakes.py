@@ -157,6 +157,9 @@ class FakePool:
     def containment(self) -> str:
         return "in-process fake workers: no isolation"
 
+    def refills_at_once(self, _worker: FakeWorker) -> bool:
+        return self.refill
+
     def idle_workers(self) -> list[FakeWorker]:
         return [w for w in self.workers.values() if w is not None and w.idle]
 

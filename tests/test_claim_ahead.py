@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import time
 
 import pytest
-from conftest import add_job
+from conftest import Driver, add_job
 
+from mjsched_isolated import ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import InputError
 from mjsched_isolated.supervisor import utcnow
@@ -148,3 +150,119 @@ def test_a_worker_whose_supervisor_died_while_its_run_waited_never_starts_the_pl
 def test_claim_ahead_s_is_bounded(value):
     with pytest.raises(InputError, match="claim_ahead_s"):
         Settings(claim_ahead_s=value)
+
+
+def _handed_ahead(d, on_hand_over):
+    """Wrap ``d.pool.submit``: ``on_hand_over(worker, request)`` right after each run is handed to its worker."""
+    submit = d.pool.submit
+
+    def wrapped(worker, request):
+        submit(worker, request)
+        on_hand_over(worker, request)
+
+    d.pool.submit = wrapped
+
+
+@pytest.fixture
+def any_driver(any_store, shared_backend_url):
+    """``driver_factory`` on each database (real workers)."""
+    made = []
+
+    def make(**settings):
+        made.append(Driver(any_store, shared_backend_url, **settings).start())
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.close()
+
+
+def test_a_run_whose_worker_dies_before_its_instant_never_started_and_its_occurrence_runs_at_the_instant(
+        any_store, any_driver):
+    """Real workers: the worker of a run claimed ahead is killed before the instant. The run is recorded as
+    never started (Cancelled, no duration, not counted, said so); attempt 2 of the occurrence is the job's
+    pending retry at the instant, and runs then (never before), although the job has no retries."""
+    store = any_store
+    d = any_driver(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+
+    def kill(worker, request):
+        handed.append((request.run_id, time.time()))
+        if len(handed) == 1:
+            os.kill(worker.pid, signal.SIGKILL)
+
+    _handed_ahead(d, kill)
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1 and store.get_run(handed[0][0])["status"] != "Running")
+    first = store.get_run(handed[0][0])
+    assert handed[0][1] < instant.timestamp()  # handed over ahead ... and dead before the instant
+    assert first["status"] == "Cancelled" and first["duration_ms"] is None and first["details"] is None
+    assert first["error_message"].startswith("never started: worker process ")
+    assert "attempt 2 of occurrence" in first["error_message"]
+    job = store.get_job("a")
+    assert (job["retry_at"], job["retry_attempt"], job["next_run_at"]) == (instant, 2, instant)
+    assert job["run_count"] == 0 and job["failure_count"] == 0  # not counted
+    d.until(lambda: len(handed) == 2 and store.get_run(handed[1][0])["status"] == "Completed")
+    second = store.get_run(handed[1][0])
+    assert (second["scheduled_at"], second["attempt"]) == (instant, 2)
+    assert second["details"]["plugin_started_at"] >= instant.timestamp()  # at its instant, never before
+    job = store.get_job("a")
+    assert job["retry_at"] is None and job["next_run_at"] > instant  # the regular schedule goes on
+
+
+def test_a_run_claimed_ahead_and_stopped_by_a_shutdown_before_its_instant_is_run_again(store, driver_factory):
+    """A second signal (cancel_all) before the instant: never started, its occurrence pending as attempt 2."""
+    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    d.supervisor.cancel_all(d.supervisor.read_clock()[0], "interrupted by shutdown (second signal)")
+    if d.pool.reaped_at >= instant.timestamp() - 0.01:
+        pytest.skip("the machine was too loaded: the kill came after the instant (the run may have started)")
+    run = store.get_run(handed[0])
+    assert run["status"] == "Cancelled" and run["duration_ms"] is None
+    assert run["error_message"].startswith("never started: interrupted by shutdown (second signal)")
+    job = store.get_job("a")
+    assert (job["retry_at"], job["retry_attempt"]) == (instant, 2)
+
+
+def test_a_shutdown_withdraws_a_run_claimed_ahead_before_its_instant(store, driver_factory):
+    """Shutting down starts no new run: a run claimed ahead whose instant has not come is withdrawn at once
+    (never started, its occurrence run again), not left to start during the drain."""
+    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    d.supervisor.begin_shutdown(d.supervisor.read_clock()[0])
+    if d.supervisor.inflight or d.pool.reaped_at >= instant.timestamp() - 0.01:
+        pytest.skip("the machine was too loaded: the shutdown came too near the instant to withdraw the run")
+    run = store.get_run(handed[0])
+    assert run["status"] == "Cancelled" and run["error_message"].startswith("never started: supervisor ")
+    assert store.get_job("a")["retry_attempt"] == 2
+    d.until(lambda: d.supervisor.done)
+
+
+def test_runs_cancel_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_starts(store, driver_factory):
+    """`runs cancel` while a run claimed ahead waits: its supervisor reads the request just before the instant
+    (not at its next lease renewal, 10 s away) and kills the worker first: recorded never started, not run
+    again (it was cancelled), and the plugin never ran."""
+    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    ops.cancel_run(store, handed[0], requested_by="alice@host")
+    d.until(lambda: store.get_run(handed[0])["status"] != "Running")
+    run = store.get_run(handed[0])
+    if not (run["error_message"] or "").startswith("never started") and d.pool.reaped_at >= instant.timestamp():
+        pytest.skip("the machine was too loaded: the loop woke after the instant (the run may have started)")
+    assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None
+    assert run["error_message"].startswith("never started: cancelled by alice@host (runs cancel)")
+    job = store.get_job("a")
+    assert job["retry_attempt"] is None and job["next_run_at"] > instant  # cancelled: not run again

@@ -253,3 +253,31 @@ def test_unparseable_database_url_is_bad_input_and_keeps_its_password_hidden(cli
     assert proc.returncode == 2 and "cannot connect" in proc.stderr, proc.stderr
     proc = cli("jobs", "list", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db")  # a read-only one
     assert proc.returncode == 2 and proc.stderr.startswith("error: --db: no database at"), proc.stderr
+
+
+@pytest.mark.parametrize("text, flags, field", [
+    ("max_concurrent_jobs = 'three'\n", {"max_concurrent_jobs": 3}, "max_concurrent_jobs"),
+    ("[retention]\nkeep_days = 'week'\n", {"retention": {"keep_days": 7.0}}, "retention.keep_days"),
+    ("[notifications.webhook]\nurl = 5\n", {"notifications": {"webhook": {"url": "https://x"}}},
+     "notifications.webhook.url"),
+])
+def test_a_file_value_of_the_wrong_type_is_reported_even_when_a_flag_overrides_it(tmp_path, text, flags, field):
+    path = _toml(tmp_path, text)
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=path, environ={}, flags=flags)
+    assert err.value.field == field and path in str(err.value), str(err.value)
+
+
+def test_a_file_value_a_flag_makes_valid_across_keys_is_not_refused(tmp_path):
+    """Only types are judged alone: a check across keys is judged on the merged settings."""
+    path = _toml(tmp_path, "lease_ttl_s = 3\n")
+    assert load_settings(config_path=path, environ={}, flags={"lease_renew_interval_s": 1.0}).lease_ttl_s == 3
+
+
+def test_serve_reports_a_bad_file_value_a_flag_overrides(cli, tmp_path):
+    path = _toml(tmp_path, "max_concurrent_jobs = 'three'\n")
+    proc = cli("serve", "--config", path, "--run-for", "0", "--max-concurrent-jobs", "2")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("error: max_concurrent_jobs: "), proc.stderr
+    assert not list(tmp_path.glob("*.db*"))

@@ -14,6 +14,7 @@ from conftest import add_job
 from mjsched_isolated import planner
 from mjsched_isolated.store.schema import jobs
 from mjsched_isolated.supervisor import utcnow
+from mjsched_isolated.supervisor.advice import Advice
 
 UTC = dt.UTC
 SCHEDULED = dt.datetime(2026, 8, 8, 9, 0, tzinfo=UTC)
@@ -459,3 +460,26 @@ def test_the_occurrence_at_end_at_runs_when_found_after_it(mem_store, fake_facto
     runs = store.list_runs(job_name="last")
     assert [r["scheduled_at"] for r in runs] == [end_at]
     assert (job["status"], job["next_run_at"], job["missed_count"]) == ("Expired", None, 0)
+
+
+def test_high_frequency_advice_reads_the_jobs_once_so_a_change_meanwhile_cannot_empty_it(mem_store, caplog,
+                                                                                          monkeypatch):
+    """The jobs change right after each read the advice makes: with a count read then a read of names, the
+    line came out naming nobody; one read keeps counts and names together."""
+    store = mem_store
+    add_job(store, "fast", "ok", "*/30 * * * * *", next_run_at=utcnow() + dt.timedelta(days=1))
+    reads = []
+    def pausing(name, original):
+        def read(*args, **kwargs):
+            reads.append(name)
+            out = original(*args, **kwargs)
+            store.update_job("fast", {"status": "Paused"}, utcnow())  # paused just after the read
+            return out
+        return read
+
+    for name in ("active_schedules", "active_job_names", "active_schedules_named", "active_jobs"):
+        monkeypatch.setattr(store, name, pausing(name, getattr(store, name)))
+    Advice(store).warn_high_frequency(utcnow())
+    (advice,) = [r.getMessage() for r in caplog.records if "fire more often" in r.getMessage()]
+    assert advice.startswith("1 job(s)") and "fast: '*/30 * * * * *' (UTC) every 30 seconds" in advice, advice
+    assert len(reads) == 1

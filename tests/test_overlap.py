@@ -20,7 +20,7 @@ from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, add_job
 from waiting import wait_gone
 
-from mjsched_isolated import planner
+from mjsched_isolated import ops, planner
 from mjsched_isolated.client import Client
 from mjsched_isolated.enums import ConcurrencyMode
 from mjsched_isolated.errors import InputError
@@ -392,3 +392,113 @@ def test_jobs_run_of_a_replace_job_with_a_live_run_is_refused_naming_the_run(db_
     assert f"cancel it first (`mjsched runs cancel {claim.run_id}`)" in line, line
     with Client(db_url) as client:
         assert [r.id for r in client.runs(job="r")] == [claim.run_id]  # no second run
+
+
+def _replace_job_with_a_live_run(store, d):
+    """Cap 1, a Replace job whose first run is live (held); returns (timeline, the next occurrence)."""
+    d.pool.hold()
+    first = _whole_second(utcnow()) + dt.timedelta(seconds=1)
+    add_job(store, "r", "ok", EVERY_SECOND, concurrency_mode="Replace", next_run_at=first)
+    at = d.timeline()
+    t0 = at(0)
+    at((first - t0).total_seconds() + 0.05)
+    assert [r["status"] for r in _runs(store, "r")] == ["Running"]
+    second = first + dt.timedelta(seconds=1)
+    return lambda when: at((when - t0).total_seconds()), second
+
+
+def test_a_replace_job_paused_just_after_its_run_was_replaced_keeps_the_replacement(mem_store, fake_factory):
+    """The pause comes right after the supervisor replaced the live run (the slot's new worker starting): the
+    replacement was claimed before the kill, so it runs; a pause stops NEW runs only. It was killed and its
+    replacement lost (the job paused before the freed slot could claim it)."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    at, second = _replace_job_with_a_live_run(store, d)
+    def pause_after(kill):
+        def kill_then_pause(*args):
+            kill(*args)
+            ops.pause_job(store, "r", utcnow())  # the user pauses just after the instant
+        return kill_then_pause
+
+    for name in ("cancel_flight", "kill_replaced"):  # the kill of the live run, before and after the fix
+        setattr(d.supervisor.dispatcher, name, pause_after(getattr(d.supervisor.dispatcher, name)))
+    at(second + dt.timedelta(milliseconds=50))
+    at(second + dt.timedelta(milliseconds=100))
+    runs = _runs(store, "r")
+    assert [(r["status"], r["scheduled_at"]) for r in runs] == [("Cancelled", second - dt.timedelta(seconds=1)),
+                                                                ("Running", second)], runs
+    assert runs[0]["error_message"] == planner.replaced_by(second)
+    assert store.get_job("r")["status"] == "Paused" and len(d.pool.held) == 1
+
+
+def test_a_replace_job_paused_before_its_run_is_replaced_keeps_its_live_run(mem_store, fake_factory):
+    """The pause lands between the supervisor's read of the due job and the replacement: nothing new may
+    start, so the live run is not killed (it goes on until it ends or the user cancels it)."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    at, second = _replace_job_with_a_live_run(store, d)
+    supersede = d.supervisor.dispatcher._supersede
+
+    def supersede_then_pause(job, now):
+        occurrence = supersede(job, now)
+        ops.pause_job(store, "r", utcnow())
+        return occurrence
+
+    d.supervisor.dispatcher._supersede = supersede_then_pause
+    at(second + dt.timedelta(milliseconds=50))
+    at(second + dt.timedelta(milliseconds=100))
+    runs = _runs(store, "r")
+    assert [r["status"] for r in runs] == ["Running"] and d.pool.killed == [], runs
+    assert store.get_job("r")["status"] == "Paused"
+
+
+def test_claim_replacement_takes_the_lease_over_only_from_the_replaced_run_of_an_active_job(any_store):
+    from mjsched_isolated.store.leases import ClaimRequest, Outcome
+
+    store = any_store
+    now = _whole_second(utcnow())
+    job = add_job(store, "r", "ok", EVERY_SECOND, concurrency_mode="Replace", next_run_at=now)
+    first = store.claim(job, now=now, next_run_at=now + dt.timedelta(seconds=1), instance="me", lease_s=60,
+                        deadline_at=now + dt.timedelta(seconds=30), scheduled_at=now)
+    assert first is not None
+    job = store.get_job("r")
+    later = now + dt.timedelta(seconds=1)
+
+    def request(row):
+        return ClaimRequest(row, later + dt.timedelta(seconds=1), 60, later + dt.timedelta(seconds=30),
+                            scheduled_at=later)
+
+    def replaced(claim, token=None):
+        return Outcome(claim.run_id, job["id"], token or claim.lock_token, "Cancelled", False,
+                       planner.replaced_by(later), count=False, completed_at=later)
+
+    assert store.claim_replacement(request(job), replaced(first, "not-the-runs"), now=later, instance="me") is None
+    assert store.get_run(first.run_id)["status"] == "Running"  # nothing written
+    second = store.claim_replacement(request(job), replaced(first), now=later, instance="me")
+    assert second is not None and second.lock_token != first.lock_token and second.started_at >= later
+    row = store.get_job("r")  # the lease taken over (the replaced run's release left it alone)
+    assert (row["lock_token"], row["next_run_at"]) == (second.lock_token, later + dt.timedelta(seconds=1))
+    assert store.get_run(second.run_id)["scheduled_at"] == later
+    old = store.get_run(first.run_id)  # recorded in the same transaction: never two Running rows
+    assert (old["status"], old["cancel_requested_by"], old["completed_at"]) == (
+        "Cancelled", planner.replaced_by(later), later)
+    assert row["run_count"] == 0  # a replaced run is not counted
+    ops.pause_job(store, "r", utcnow())  # paused: nothing is claimed over the live run
+    assert store.claim_replacement(request(store.get_job("r")), replaced(second), now=later, instance="me") is None
+    assert store.get_run(second.run_id)["status"] == "Running"
+
+
+def test_a_replace_request_for_a_job_paused_since_leaves_the_live_run_alone(mem_store, fake_factory):
+    """Another supervisor asked the holder to replace the run, then the job was paused: no new run can start,
+    so the holder does not kill the live one at its renewal (it goes on)."""
+    store = mem_store
+    d = fake_factory(**RENEW)
+    d.pool.hold()
+    add_job(store, "r", "ok", YEARLY, concurrency_mode="Replace")
+    d.until(lambda: bool(store.running_runs()))
+    (run,) = store.running_runs()
+    job = store.get_job("r")
+    assert store.request_replace(job["id"], job["lock_token"], planner.replaced_by(T0)) == 1
+    ops.pause_job(store, "r", utcnow())
+    d.until(lambda: d.supervisor.guard._replace_declined == {run["id"]}, 5)  # seen at a renewal, declined
+    assert store.get_run(run["id"])["status"] == "Running" and d.pool.killed == []

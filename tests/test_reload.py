@@ -434,3 +434,25 @@ def test_a_locked_copy_folder_is_removed_once_its_process_is_killed_whatever_its
         holder.kill()
         holder.wait()
     assert remove_stale_keep_dirs() == 1 and not os.path.exists(own)
+
+
+@pytest.mark.timeout(60)
+def test_jobs_add_of_a_type_whose_file_broke_is_accepted_with_a_warning_while_serve_runs_its_last_good_copy(
+        versioned, db_url, store, driver_factory, tmp_path, capsys, monkeypatch):
+    """``jobs add --type X`` was refused while X's file was broken, though ``serve`` kept running X's last good
+    copy: the check's worker now starts from serve's copies, and the CLI accepts the job, warning that the
+    file is broken. Without a serve keeping a copy it is still refused, saying why."""
+    from clirun import Cli
+
+    d = driver_factory(plugins_dir=str(versioned), max_concurrent_jobs=1)
+    _write_plugin(versioned / "versioned.py", VERSIONED.format(version="2 +"), bump_s=1)
+    d.until(lambda: d.supervisor.reloader.refused == 1)
+    cli = Cli(capsys, monkeypatch, tmp_path, {"MJSCHED_DATABASE_URL": db_url, "MJSCHED_PLUGINS_DIR": str(versioned)})
+    result = cli("jobs", "add", "new", "--type", "versioned", "--cron", YEARLY)
+    assert result.stdout.startswith("job 'new' added"), result
+    warning = [line for line in result.stderr.splitlines() if "job_type 'versioned' accepted" in line]
+    assert warning and "plugin module versioned.py no longer imports (SyntaxError" in warning[0], result.stderr
+    d.until(lambda: store.get_job("new") is not None)
+    d.close()  # no serve keeps a copy any more: refused, saying why
+    result = cli("jobs", "add", "newer", "--type", "versioned", "--cron", YEARLY, expect=2)
+    assert "failed to load: versioned.py" in result.stderr and "could not run" in result.stderr, result.stderr

@@ -408,3 +408,20 @@ def test_runs_logs_shows_control_characters_as_escapes_on_a_terminal_and_as_stor
     assert raw == NASTY
     cli = Cli(capsys, monkeypatch, tmp_path)
     assert cli("runs", "logs", "--db", db_url, str(run_id)).stdout == NASTY  # captured: not a terminal
+
+
+def test_a_terminal_sees_unicode_format_characters_as_escapes_too():
+    """A bidi override (U+202E) or a zero-width character in a run's output reorders or hides what the terminal
+    shows ("Trojan Source"): shown as escapes like the control characters; everything else is left as it is."""
+    import sys
+    import unicodedata
+
+    from mjsched_isolated.cli import render
+
+    text = "ok \u202eevil\u202c \u2066iso\u2069 zero\u200bwidth\ufeff tag\U000e0041 sep\u2028x é 中 \U0001f600\n"
+    assert render.visible(text) == ("ok \\u202eevil\\u202c \\u2066iso\\u2069 zero\\u200bwidth\\ufeff tag\\U000e0041 "
+                                    "sep\\u2028x é 中 \U0001f600\n")
+    assert render.safe("a\u202eb\u00adc") == "a?b?c"
+    missed = [f"U+{c:04X}" for c in range(sys.maxunicode + 1)
+              if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp") and render.visible(chr(c)) == chr(c)]
+    assert missed == []  # every format character this Python knows

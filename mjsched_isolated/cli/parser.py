@@ -277,8 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     rlogs.add_argument("--follow", "-f", action="store_true", help="keep printing while the run is Running")
     rlogs.add_argument("--raw", action="store_true",
                        help="on a terminal too, print control characters (ANSI colours, cursor moves) as the run "
-                            "wrote them; by default a terminal shows them as \\xNN escapes (a pipe or a file "
-                            "always gets the output as stored)")
+                            "wrote them; by default a terminal shows them as \\xNN escapes, and Unicode format "
+                            "characters (bidi overrides, zero-width ones) as \\uNNNN (a pipe or a file always gets "
+                            "the output as stored)")
     _reads(rlogs, runs.cmd_logs, read_only=True)
     rp = runs_p.add_parser("prune", parents=[common, as_json],
                            help="delete old finished runs (retention.keep_days, retention.keep_min_per_job)")

@@ -17,7 +17,15 @@ import msgspec
 
 from mjsched_isolated.isotime import iso
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # terminal escapes and the like (not tab or newline)
+# Unicode's format characters (category Cf: bidi overrides and isolates such as U+202E, zero-width ones, the
+# soft hyphen, tags) and its line and paragraph separators (Zl, Zp): invisible, yet they reorder or hide what a
+# terminal shows (a "Trojan Source" line). As of Unicode 15; tests/test_run_output.py checks the list against
+# the running Python's unicodedata.
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e"
+           "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+           "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
+# terminal escapes and the like (not tab or newline), and the format characters
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_FORMAT}]")
 
 
 def print_json(value: Any) -> None:
@@ -38,20 +46,27 @@ def fmt(value: Any) -> str:
 
 
 def safe(text: str) -> str:
-    """``text`` with control characters (ANSI escapes, NUL, carriage returns) replaced by ``?``; tabs
-    and newlines are kept."""
+    """``text`` with control characters (ANSI escapes, NUL, carriage returns) and Unicode format characters
+    (bidi overrides, zero-width ones) replaced by ``?``; tabs and newlines are kept."""
     return _CONTROL.sub("?", text)
 
 
-_TERMINAL_CONTROL = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # CR of a CRLF kept
+_TERMINAL_CONTROL = re.compile(f"\\r(?!\\n)|[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f{_FORMAT}]")  # CRLF's CR kept
 
 
 def visible(text: str) -> str:
     r"""A run's output for a terminal: each control character (an ANSI escape's ESC, a lone carriage
     return, a C1 code such as CSI ``\x9b``) shown as a ``\xNN`` escape, as systemd escapes them, so the
-    output cannot move the cursor, retitle or reset the terminal. Newlines, tabs and line-ending carriage
-    returns are kept; every other character is left as it is."""
-    return _TERMINAL_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    output cannot move the cursor, retitle or reset the terminal; each Unicode format character (a bidi
+    override such as U+202E, a zero-width one) or line separator as ``\uNNNN`` (``\UNNNNNNNN``), so it cannot
+    reorder or hide text. Newlines, tabs and line-ending carriage returns are kept; every other character
+    is left as it is."""
+    return _TERMINAL_CONTROL.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def cell(value: Any) -> str:

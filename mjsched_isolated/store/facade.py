@@ -159,6 +159,11 @@ class Store:
         """The first names of the Active jobs with a schedule (:meth:`Jobs.active_job_names`)."""
         return self.jobs.active_job_names(cron_expression, timezone, limit)
 
+    def active_schedules_named(self, limit: int) -> list[tuple[str, str, int, list[str]]]:
+        """(cron, zone, count, first names) per schedule of the Active jobs, one read
+        (:meth:`Jobs.active_schedules_named`)."""
+        return self.jobs.active_schedules_named(limit)
+
     def active_jobs(self) -> list[JobRow]:
         """Every Active job (:meth:`Jobs.active_jobs`)."""
         return self.jobs.active_jobs()
@@ -204,6 +209,13 @@ class Store:
         (:meth:`Leases.claim_many`)."""
         self.jobs.forget_due({r.job["id"] for r in requests})  # see claim
         return self.leases.claim_many(requests, now=now, instance=instance, not_before=not_before, busy=busy)
+
+    def claim_replacement(self, request: ClaimRequest, replaced: Outcome, *, now: dt.datetime,
+                          instance: str) -> Claim | None:
+        """Replace: claim the newest due occurrence over the lease of the run it replaces and record that run
+        Cancelled, in one transaction, before that run is killed (:meth:`Leases.claim_replacement`)."""
+        self.jobs.forget_due({request.job["id"]})  # see claim
+        return self.leases.claim_replacement(request, replaced, now=now, instance=instance)
 
     def claim_pool(self, requests: Sequence[ClaimRequest], limit: int, *, instance: str,
                    not_before: dt.datetime | None = None) -> list[Claim | None]:

@@ -361,6 +361,24 @@ class Jobs:
         with self.engine.connect() as conn:
             return list(conn.execute(query).scalars())
 
+    def active_schedules_named(self, limit: int) -> list[tuple[str, str, int, list[str]]]:
+        """``(cron_expression, timezone, number of Active jobs, the first limit names in order)`` per distinct
+        schedule of the Active jobs, from ONE read (a window over the Active jobs), so the counts and the
+        names agree even while jobs change (two reads could count a schedule whose jobs were then paused)."""
+        part = (jobs.c.cron_expression, jobs.c.timezone)
+        ranked = (sa.select(jobs.c.cron_expression, jobs.c.timezone, jobs.c.name,
+                            sa.func.count().over(partition_by=part).label("n"),
+                            sa.func.row_number().over(partition_by=part, order_by=jobs.c.name).label("rn"))
+                  .where(jobs.c.status == JobStatus.ACTIVE).subquery())
+        query = (sa.select(ranked.c.cron_expression, ranked.c.timezone, ranked.c.n, ranked.c.name)
+                 .where(ranked.c.rn <= limit)
+                 .order_by(ranked.c.cron_expression, ranked.c.timezone, ranked.c.rn))
+        out: dict[tuple[str, str], tuple[int, list[str]]] = {}
+        with self.engine.connect() as conn:
+            for expr, zone, n, name in conn.execute(query):
+                out.setdefault((expr, zone), (int(n), []))[1].append(name)
+        return [(expr, zone, n, names) for (expr, zone), (n, names) in out.items()]
+
     def active_jobs(self) -> list[JobRow]:
         """Every Active job."""
         with self.engine.connect() as conn:

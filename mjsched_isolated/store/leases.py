@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
-from mjsched_isolated.enums import RunStatus
+from mjsched_isolated.enums import JobStatus, RunStatus
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.driver import Prepared
@@ -442,6 +442,10 @@ def poolable(requests: Sequence[ClaimRequest]) -> bool:
     return _plain_claims(requests) and all(r.scheduled_at is not None and r.attempt == 1 for r in requests)
 
 
+class _ReplacedGoneError(Exception):
+    """The run to be replaced is no longer Running: roll the replacement back."""
+
+
 class _RecheckError(Exception):
     """A claim's UPDATE did not match what its locking read judged (a lease renewed in between): the batch
     is rolled back and judged row by row."""
@@ -493,6 +497,7 @@ class Outcome(msgspec.Struct):
     retry_set: bool = False  # set by finish_runs: the retry was written (no other retry was pending)
     paused: bool = False  # set by finish_runs: the job was paused by this outcome
     fenced: bool = False  # the run was killed because its supervisor lost its lease: not a result to keep late
+    unstarted: bool = False  # claimed ahead, ended before its instant: its plugin never started
 
 
 ABANDONED_PREFIX = "abandoned: "  # how an abandoned run's error_message begins (the sweep's verdict)
@@ -548,6 +553,46 @@ class Leases:
         request = ClaimRequest(job, next_run_at, lease_s, deadline_at, take_lease, scheduled_at, queued_at, status,
                                only_free_lease)
         return self.claim_many([request], now=now, instance=instance)[0]
+
+    def claim_replacement(self, request: ClaimRequest, replaced: Outcome, *, now: dt.datetime,
+                          instance: str) -> Claim | None:
+        """Replace (concurrency_mode): claim occurrence ``request.scheduled_at`` of a job whose lease the run to
+        be replaced holds (``replaced.token``), taking the lease over with a fresh token, and record that run's
+        end (``replaced``: Cancelled, its ``error_message`` also written as who asked its cancel), with the
+        new Running run row, in ONE transaction - before the replaced run is killed, so the replacement is
+        committed first and the records never show two runs at once: a job paused, edited or moved meanwhile
+        (its ``next_run_at`` no longer the one read, its status no longer Active, the lease no longer that
+        run's) or a replaced run no longer Running is not claimed (None, nothing written), and the live run
+        is left alone. The release the replaced run's record makes finds the new token and leaves it."""
+        job, seen = request.job, request.job["next_run_at"]
+        token = uuid.uuid4().hex
+        values: dict[str, Any] = {
+            "next_run_at": request.next_run_at, "lock_token": token, "locked_at": schema.db_now(self.dialect),
+            "locked_by_instance": instance,
+            "expected_completion_at": schema.db_now_plus(self.dialect, request.lease_s),
+            "skipped_count": jobs.c.skipped_count + request.skipped}
+        if request.status is not None:
+            values.update(status=request.status, updated_at=now)
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(jobs.update().where(
+                        jobs.c.id == job["id"], jobs.c.next_run_at == seen, jobs.c.status == JobStatus.ACTIVE,
+                        jobs.c.lock_token == replaced.token).values(**values)).rowcount != 1:
+                    return None
+                conn.execute(runs.update().where(runs.c.id == replaced.run_id, runs.c.cancel_requested_at.is_(None))
+                             .values(cancel_requested_at=schema.db_now(self.dialect),
+                                     cancel_requested_by=(replaced.error_message or "")[:255]))
+                if not self._finish_in(conn, [replaced])[0]:
+                    raise _ReplacedGoneError
+                started_at = self._db_now.rows(conn)[0][0]
+                started_at = max(started_at, now)
+                run_id = self._insert_run.insert(conn, {
+                    "p_job_id": job["id"], "p_scheduled_at": request.scheduled_at, "p_instance": instance,
+                    "p_token": token, "p_started_at": started_at, "p_deadline_at": request.deadline_at,
+                    "p_queued_at": None, "p_missed": 0, "p_attempt": 1})
+        except (sa.exc.IntegrityError, _ReplacedGoneError):  # a run of the occurrence exists, or the replaced
+            return None  # run's row is not Running any more (abandoned): nothing written
+        return Claim(run_id=run_id, lock_token=token, started_at=started_at)
 
     def claim_many(self, requests: Sequence[ClaimRequest], *, now: dt.datetime, instance: str,
                    not_before: dt.datetime | None = None, busy: set[int] | None = None) -> list[Claim | None]:
@@ -795,68 +840,73 @@ class Leases:
             return []
         if self.dialect == "postgresql" and _plain(outcomes):
             return self._finish_plain(outcomes)
-        st = self._stmts
         with self.engine.begin() as conn:
-            # a result lands only on the run row claimed with its token (an id alone could name another run)
-            if self.dialect == "postgresql" and len({o.run_id for o in outcomes}) == len(outcomes) > 1:
-                done = self._finish_rows_pg(conn, outcomes)
-            else:
-                done = [(self._finish_run if o.token is not None else self._finish_run_without_lease).execute(conn, {
-                    "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
-                    "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
-                    "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
-                    "p_max_rss_mb": o.max_rss_mb}) == 1 for o in outcomes]
-            # the job rows in id order, as claims lock them (a peer's claim waiting on one row while holding
-            # another must not meet this transaction the other way round): a stable sort for the per-row
-            # writes, and on PostgreSQL, whose batched UPDATEs lock in the plan's order, a locking read first
-            won = sorted((o for o, d in zip(outcomes, done, strict=True) if d), key=lambda o: o.job_id)
-            if self.dialect == "postgresql" and len({o.job_id for o in won}) > 1:
-                conn.execute(st.lock_jobs_in_order, {"p_ids": sorted({o.job_id for o in won})})
-            for o in won:  # the pending retry, before the statistics (a retried failure is not final)
-                if o.retry_at is not None:
-                    o.retry_set = conn.execute(st.set_retry, {
-                        "p_job_id": o.job_id, "p_retry_at": o.retry_at, "p_retry_attempt": o.attempt + 1,
-                        "p_retry_scheduled_at": o.scheduled_at}).rowcount == 1
-            counted = [o for o in won if o.count]
-            # PostgreSQL, each job once in the batch: the statistics of all in one UPDATE ... FROM unnest
-            pg_batch = self.dialect == "postgresql" and len(counted) > 1 and len({o.job_id for o in counted}) == len(
-                counted)
-            if pg_batch:
-                conn.execute(st.stats_many_pg, {
-                    "p_job_ids": [o.job_id for o in counted], "p_successes": [1 if o.success else 0 for o in counted],
-                    "p_durations": [o.duration_ms for o in counted],
-                    "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
-                    "p_completed": [_naive(o.completed_at) for o in counted]})
-            # SQLite: the release of a counted run with a duration goes with its statistics (released: its id)
-            released = {id(o) for o in counted if self._stats_release is not None and o.duration_ms is not None
-                        and o.token is not None and (o.pause_reason is None or o.success or o.retry_set)}
-            for stmt, group in ((self._stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
-                                (self._stats_with_duration, [o for o in counted if o.duration_ms is not None
-                                                             and not pg_batch and id(o) not in released]),
-                                (self._stats_release, [o for o in counted if id(o) in released])):
-                if group and stmt is not None:
-                    stmt.executemany(conn, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
-                                             "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
-                                             "p_final_failure": 0 if o.success or o.retry_set else 1,
-                                             "p_completed_at": o.completed_at, "p_token": o.token}
-                                            for o in group])
-            for o in won:
-                if o.pause_reason is not None and not o.success and not o.retry_set and o.count:
-                    o.paused = conn.execute(st.pause_on_failures, {
-                        "p_job_id": o.job_id, "p_reason": o.pause_reason,
-                        "p_completed_at": o.completed_at}).rowcount == 1
-                    if o.paused and o.pause_notices:
-                        insert_notices(conn, self.dialect, o.pause_notices)
-            releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won
-                        if o.token is not None and id(o) not in released]
-            if self.dialect == "postgresql" and len(releases) > 1:
-                conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
-                                                  "p_tokens": [r["p_token"] for r in releases]})
-            elif releases:
-                self._release.executemany(conn, releases)
-            for o in won:
-                if o.notices:
-                    insert_notices(conn, self.dialect, o.notices)
+            return self._finish_in(conn, outcomes)
+
+    def _finish_in(self, conn: sa.Connection, outcomes: Sequence[Outcome]) -> list[bool]:
+        """The writes of :meth:`finish_runs` in the caller's transaction ``conn`` (also used by
+        :meth:`claim_replacement`). True per outcome written."""
+        st = self._stmts
+        # a result lands only on the run row claimed with its token (an id alone could name another run)
+        if self.dialect == "postgresql" and len({o.run_id for o in outcomes}) == len(outcomes) > 1:
+            done = self._finish_rows_pg(conn, outcomes)
+        else:
+            done = [(self._finish_run if o.token is not None else self._finish_run_without_lease).execute(conn, {
+                "p_run_id": o.run_id, "p_token": o.token, "p_status": o.status, "p_success": o.success,
+                "p_error_message": fit_text(o.error_message), "p_completed_at": o.completed_at,
+                "p_details": fit_json(o.details), "p_duration_ms": o.duration_ms, "p_cpu_s": o.cpu_s,
+                "p_max_rss_mb": o.max_rss_mb}) == 1 for o in outcomes]
+        # the job rows in id order, as claims lock them (a peer's claim waiting on one row while holding
+        # another must not meet this transaction the other way round): a stable sort for the per-row
+        # writes, and on PostgreSQL, whose batched UPDATEs lock in the plan's order, a locking read first
+        won = sorted((o for o, d in zip(outcomes, done, strict=True) if d), key=lambda o: o.job_id)
+        if self.dialect == "postgresql" and len({o.job_id for o in won}) > 1:
+            conn.execute(st.lock_jobs_in_order, {"p_ids": sorted({o.job_id for o in won})})
+        for o in won:  # the pending retry, before the statistics (a retried failure is not final)
+            if o.retry_at is not None:
+                o.retry_set = conn.execute(st.set_retry, {
+                    "p_job_id": o.job_id, "p_retry_at": o.retry_at, "p_retry_attempt": o.attempt + 1,
+                    "p_retry_scheduled_at": o.scheduled_at}).rowcount == 1
+        counted = [o for o in won if o.count]
+        # PostgreSQL, each job once in the batch: the statistics of all in one UPDATE ... FROM unnest
+        pg_batch = self.dialect == "postgresql" and len(counted) > 1 and len({o.job_id for o in counted}) == len(
+            counted)
+        if pg_batch:
+            conn.execute(st.stats_many_pg, {
+                "p_job_ids": [o.job_id for o in counted], "p_successes": [1 if o.success else 0 for o in counted],
+                "p_durations": [o.duration_ms for o in counted],
+                "p_final": [0 if o.success or o.retry_set else 1 for o in counted],
+                "p_completed": [_naive(o.completed_at) for o in counted]})
+        # SQLite: the release of a counted run with a duration goes with its statistics (released: its id)
+        released = {id(o) for o in counted if self._stats_release is not None and o.duration_ms is not None
+                    and o.token is not None and (o.pause_reason is None or o.success or o.retry_set)}
+        for stmt, group in ((self._stats, [o for o in counted if o.duration_ms is None and not pg_batch]),
+                            (self._stats_with_duration, [o for o in counted if o.duration_ms is not None
+                                                         and not pg_batch and id(o) not in released]),
+                            (self._stats_release, [o for o in counted if id(o) in released])):
+            if group and stmt is not None:
+                stmt.executemany(conn, [{"p_job_id": o.job_id, "p_successes": 1 if o.success else 0,
+                                         "p_failures": 0 if o.success else 1, "p_duration_ms": o.duration_ms,
+                                         "p_final_failure": 0 if o.success or o.retry_set else 1,
+                                         "p_completed_at": o.completed_at, "p_token": o.token}
+                                        for o in group])
+        for o in won:
+            if o.pause_reason is not None and not o.success and not o.retry_set and o.count:
+                o.paused = conn.execute(st.pause_on_failures, {
+                    "p_job_id": o.job_id, "p_reason": o.pause_reason,
+                    "p_completed_at": o.completed_at}).rowcount == 1
+                if o.paused and o.pause_notices:
+                    insert_notices(conn, self.dialect, o.pause_notices)
+        releases = [{"p_job_id": o.job_id, "p_token": o.token} for o in won
+                    if o.token is not None and id(o) not in released]
+        if self.dialect == "postgresql" and len(releases) > 1:
+            conn.execute(st.release_many_pg, {"p_job_ids": [r["p_job_id"] for r in releases],
+                                              "p_tokens": [r["p_token"] for r in releases]})
+        elif releases:
+            self._release.executemany(conn, releases)
+        for o in won:
+            if o.notices:
+                insert_notices(conn, self.dialect, o.notices)
         return done
 
     def _finish_plain(self, outcomes: Sequence[Outcome]) -> list[bool]:

@@ -34,25 +34,26 @@ class Advice:
         if signature == self._active_signature:
             return signature[0]
         self._active_signature = signature
-        offending: list[tuple[float, str, str, int]] = []  # (interval, cron, zone, jobs) per schedule
-        for expr, zone, count in self.store.active_schedules():
+        # (interval, cron, zone, jobs, first names) per schedule: counts and names from ONE read, so a job
+        # changed meanwhile cannot leave a counted schedule without names (an empty advice line)
+        offending: list[tuple[float, str, str, int, list[str]]] = []
+        for expr, zone, count, names in self.store.active_schedules_named(SHORTEST_LISTED):
             try:
                 interval = planner.high_frequency_interval_s({"cron_expression": expr, "timezone": zone}, now)
             except CronError:
                 interval = None
             if interval is not None:
-                offending.append((interval, expr, zone, count))
+                offending.append((interval, expr, zone, count, names))
         offending.sort()
         shortest: list[tuple[float, str, str, str]] = []  # (interval, name, cron, zone), the first few
-        for interval, expr, zone, _ in offending:
+        for interval, expr, zone, _, names in offending:
             if len(shortest) >= SHORTEST_LISTED and interval > shortest[SHORTEST_LISTED - 1][0]:
                 break
-            shortest += [(interval, name, expr, zone)
-                         for name in self.store.active_job_names(expr, zone, SHORTEST_LISTED)]
+            shortest += [(interval, name, expr, zone) for name in names]
             shortest.sort()
         shortest = shortest[:SHORTEST_LISTED]
-        total = sum(count for *_, count in offending)
-        state = (tuple(offending), tuple(shortest))
+        total = sum(count for *_, count, _ in offending)
+        state = (tuple((i, e, z, c) for i, e, z, c, _ in offending), tuple(shortest))
         if offending and state != self._high_frequency_warned:
             listed = "; ".join(f"{name}: '{expr}' ({zone}) every {planner.human_interval(interval)}"
                                for interval, name, expr, zone in shortest)

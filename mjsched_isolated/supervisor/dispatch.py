@@ -24,7 +24,7 @@ from mjsched_isolated.errors import CronError
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
-from mjsched_isolated.store.leases import ClaimRequest, poolable
+from mjsched_isolated.store.leases import ClaimRequest, Outcome, poolable
 from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
 from mjsched_isolated.supervisor.clock import Clock
@@ -43,6 +43,9 @@ CONTENDED_FOR = dt.timedelta(seconds=30)
 # meanwhile it reads this many times its free slots and takes them in a random order within each instant: a
 # claim holds its rows for one statement only (PostgreSQL), too briefly for a peer's read to pass over them
 CONTENDED_READ = 3
+# a run claimed ahead: its cancel requests are read once more this long before its instant (RunGuard), so a
+# `runs cancel` while it waits stops it before its plugin starts
+CANCEL_CHECK_BEFORE = dt.timedelta(milliseconds=50)
 
 
 def how_many(count: int) -> str:
@@ -89,6 +92,11 @@ class Dispatcher:
         self.replacing: dict[int, dt.datetime] = {}
         # kills a run of ours and records it Cancelled, never retried (the supervisor's RunGuard.cancel)
         self.cancel_flight: Callable[[InFlight, dt.datetime, str], None] = lambda flight, now, reason: None
+        # a run replaced (Replace) once its replacement is claimed: its Cancelled outcome (the supervisor's
+        # Recorder.outcome), then the kill of its process tree, its outcome recorded with the claim already
+        self.replaced_outcome: Callable[[InFlight, dt.datetime, str], Outcome] = lambda flight, now, by: Outcome(
+            flight.run_id, flight.job_id, flight.token, "Cancelled", False, by, count=False)
+        self.kill_replaced: Callable[[InFlight, Outcome], None] = lambda flight, outcome: None
         # pending backfill entries are read while there may be some that can start: after each rescan (new
         # requests), while the last read found some, and when a backfill run of ours ended (its lease freed)
         self.backfills_maybe = True
@@ -368,10 +376,56 @@ class Dispatcher:
                             "its holder %s was asked to cancel that run", job["name"], iso(occurrence),
                             job["locked_by_instance"], extra=log_ctx(job))
             return
+        worker = next((w for w in reversed(self.pool.idle_workers()) if job["job_type"] in job_types(w)), None)
+        if worker is not None or self._refilled_at_once(flight.worker):
+            self._replace_claimed_first(job, occurrence, now, flight, worker)
+            return
+        # no worker can take the replacement at once (the freed slot waits out a backoff): kill the run now,
+        # on time; the freed slot runs the newest due occurrence when it is ready (_overlap)
         self.store.request_cancel(flight.run_id, by)  # on the run row too: who asked, as for `runs cancel`
         self.replacing[job["id"]] = occurrence
         self.replace_due_at.pop(job["id"], None)
         self.cancel_flight(flight, now, by)
+
+    def _refilled_at_once(self, worker: Any) -> bool:
+        """Whether the pool refills ``worker``'s slot as soon as it is killed (not after a crash backoff)."""
+        refills = getattr(self.pool, "refills_at_once", None)
+        return bool(refills(worker)) if refills is not None else False
+
+    def _replace_claimed_first(self, job: JobRow, occurrence: dt.datetime, now: dt.datetime, flight: InFlight,
+                               worker: Any) -> None:
+        """Replace our live run ``flight`` by ``occurrence``: the replacement is claimed first, taking the job
+        lease over from the run (``Store.claim_replacement``: the job still Active, its ``next_run_at`` still
+        the one read), and only then is the run killed and recorded Cancelled, and the new run handed to
+        ``worker`` (an idle one with the job type) or to the worker refilled in the killed one's slot (it
+        reads the request once its plugins are loaded). A job paused, edited or moved by then is not
+        replaced: its live run goes on (pausing stops new runs, not a live one)."""
+        by = planner.replaced_by(occurrence)
+        seen = job.copy()
+        seen["next_run_at"] = occurrence
+        next_run_at = planner.next_after_claim(seen, occurrence)
+        timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
+        request = ClaimRequest(seen, next_run_at, lease_s=timeout_s + self.settings.lease_ttl_s,
+                               deadline_at=now + dt.timedelta(seconds=timeout_s), scheduled_at=occurrence,
+                               status="Expired" if next_run_at is None else None)
+        replaced = self.replaced_outcome(flight, now, by)
+        claim = self.store.claim_replacement(request, replaced, now=now, instance=self.settings.instance)
+        if claim is None:
+            self.replace_due_at[job["id"]] = None  # looked at again at the next rescan, if still due
+            log.warning("job %s: occurrence %s did not replace run %d: the job was paused, edited or moved "
+                        "meanwhile; the run goes on", job["name"], iso(occurrence), flight.run_id, extra=log_ctx(job))
+            return
+        self.replace_due_at.pop(job["id"], None)
+        self.kill_replaced(flight, replaced)  # its end is recorded already, with the claim
+        if worker is None:
+            worker = self.pool.workers.get(flight.worker.slot)
+        if worker is None:  # not refilled after all: the claim cannot run here
+            self.store.finish_run(claim.run_id, job["id"], claim.lock_token, status="Cancelled", success=False,
+                                  error_message="never started: no worker to run it (its slot was not refilled)",
+                                  details=None, duration_ms=None, count=False)
+            return
+        self._hand_over(seen, worker, occurrence, request.deadline_at, timeout_s, claim, now)
+        self.replace_due_at[job["id"]] = next_run_at  # its next occurrence replaces this run
 
     def _supersede(self, job: JobRow, now: dt.datetime) -> dt.datetime | None:
         """A Replace job runs its newest due occurrence: the older due ones (from ``next_run_at``) are skipped
@@ -723,7 +777,10 @@ class Dispatcher:
         flight = InFlight(claim.run_id, job, claim.lock_token, worker, now, deadline, timeout_s)
         flight.scheduled_at = scheduled_at
         flight.attempt = attempt
+        flight.start_at = start_at
         flight.recorded_start = started_at = claim.started_at or now
+        if start_at is not None:  # a `runs cancel` meanwhile is acted on before the plugin starts
+            flight.cancel_check_at = started_at - CANCEL_CHECK_BEFORE
         self.inflight[claim.run_id] = flight
         limits = run_limits(job, self.settings.limits)
         notify = bool(self.settings.notifications.channels())  # else the plugin's notice text is not asked for

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.leases import Outcome
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.limits import CPU_KILL_MARGIN_S, next_cpu_check_s
 from mjsched_isolated.supervisor.metrics import Metrics
@@ -24,6 +26,7 @@ from mjsched_isolated.supervisor.pool import ChildEvent, describe_exit
 from mjsched_isolated.supervisor.recording import Recorder
 
 log = logging.getLogger("mjsched.supervisor")
+WITHDRAW_MARGIN_S = 0.05  # a shutdown withdraws a run claimed ahead only this long before its instant or more
 
 
 class RunGuard:
@@ -40,6 +43,7 @@ class RunGuard:
         self.metrics = metrics
         self.recorder = recorder
         self.inflight = inflight
+        self._replace_declined: set[int] = set()  # runs whose replace request was declined (job not Active)
 
     def enforce_deadlines(self, now: dt.datetime) -> None:
         """Runs past their deadline get SIGTERM (their whole process tree; a plugin's SIGTERM handler and
@@ -164,6 +168,9 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("fence")
+        if flight.unstarted(now, self._reaped_at()):  # claimed ahead, killed before its instant: run again
+            self.recorder.record_unstarted(flight, now, f"fenced: {why}", again=True)
+            return
         log.error("run %d of job %s fenced: %s", flight.run_id, flight.job_name, why, extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Failed", success=False,
                              error_message=f"fenced: run killed because {why}", fenced=True)
@@ -182,12 +189,49 @@ class RunGuard:
         for run_id in set(self.inflight) - set(held):
             self.fence(self.inflight[run_id], now,
                        "its lease was taken over, the run was abandoned, or its job was removed")
+        self._act_on_cancels(held, now)
+
+    def _act_on_cancels(self, held: dict[int, str | None], now: dt.datetime) -> None:
+        """Cancel the runs of ``held`` (:meth:`Store.held_runs`) someone asked to cancel."""
         for run_id, requested_by in held.items():
             if requested_by is not None and run_id in self.inflight:
                 if planner.is_replacement(requested_by):  # another supervisor saw its Replace occurrence due
-                    self.cancel(self.inflight[run_id], now, requested_by, retry=False)
+                    if self._replacement_stands(self.inflight[run_id], requested_by):
+                        self.cancel(self.inflight[run_id], now, requested_by, retry=False)
                 else:
                     self.cancel(self.inflight[run_id], now, f"cancelled by {requested_by} (runs cancel)")
+
+    def _replacement_stands(self, flight: InFlight, requested_by: str) -> bool:
+        """A replace request from another supervisor is acted on only while the job is still Active: a job
+        paused (or removed) since then starts no new run, so its live run is not killed for one (it goes on;
+        said once per run)."""
+        try:
+            job = self.store.get_job_by_id(flight.job_id)
+        except Exception:  # noqa: BLE001 - judged again at the next renewal
+            return False
+        if job is not None and job["status"] == "Active":
+            return True
+        if flight.run_id not in self._replace_declined:
+            self._replace_declined.add(flight.run_id)
+            log.warning("run %d of job %s: not replaced (%s): the job is no longer Active, so no new run would "
+                        "start; the run goes on", flight.run_id, flight.job_name, requested_by, extra=log_ctx(flight))
+        return False
+
+    def cancel_before_start(self, now: dt.datetime) -> None:
+        """Runs claimed ahead whose ``cancel_check_at`` (just before their instant) has come: one read of their
+        cancel requests (the renewal's query, for them alone), and those asked to be cancelled are, before
+        their workers start the plugins (recorded never started). A request that comes later is acted on at
+        the next renewal, as for any live run."""
+        due = [f for f in self.inflight.values() if f.cancel_check_at is not None and now >= f.cancel_check_at]
+        if not due:
+            return
+        for flight in due:
+            flight.cancel_check_at = None
+        try:
+            held = self.store.held_runs({f.run_id: f.token for f in due}, self.settings.instance)
+        except Exception:  # noqa: BLE001 - the renewal's check still comes
+            return
+        self._act_on_cancels(held, now)
 
     def cancel(self, flight: InFlight, now: dt.datetime, reason: str, *, retry: bool = True) -> None:
         """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
@@ -196,10 +240,24 @@ class RunGuard:
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
         self.metrics.run_killed("cancel" if retry else "replace")
+        if flight.unstarted(now, self._reaped_at()):  # claimed ahead, cancelled before its instant: never started
+            self.recorder.record_unstarted(flight, now, reason, again=False)
+            return
         log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name, reason,
                     extra=log_ctx(flight))
         self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False,
                              retryable=retry)
+
+    def kill_replaced(self, flight: InFlight, outcome: Outcome) -> None:
+        """Kill the process tree of a run replaced by a newer occurrence (concurrency_mode Replace) whose
+        Cancelled ``outcome`` was recorded with the claim of its replacement (``Store.claim_replacement``):
+        its log line and metrics as if recorded here."""
+        del self.inflight[flight.run_id]
+        self.pool.kill(flight.worker)
+        self.metrics.run_killed("replace")
+        log.warning("run %d of job %s: %s; its process tree was killed", flight.run_id, flight.job_name,
+                    outcome.error_message, extra=log_ctx(flight))
+        self.recorder.recorded(flight, outcome)
 
     def fence_all(self, now: dt.datetime) -> None:
         """The liveness lease cannot be trusted locally any more: fence every run."""
@@ -213,7 +271,40 @@ class RunGuard:
             del self.inflight[flight.run_id]
             self.pool.kill(flight.worker)
             self.metrics.run_killed("shutdown")
-            self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason, count=False)
+            if flight.unstarted(now, self._reaped_at()):  # claimed ahead, stopped before its instant: run again
+                self.recorder.record_unstarted(flight, now, reason, again=True)
+            else:
+                self.recorder.record(flight, now, status="Cancelled", success=False, error_message=reason,
+                                     count=False)
+
+    def _reaped_at(self) -> float | None:
+        """When the pool's last kill had reaped its workers (before it spawned their replacements), None:
+        unknown (then "now" judges whether a run claimed ahead had started)."""
+        at = getattr(self.pool, "reaped_at", None)
+        return at if isinstance(at, float) else None
+
+    def withdraw_unstarted(self, now: dt.datetime, why: str) -> None:
+        """Kill the workers of the runs claimed ahead whose instant is more than :data:`WITHDRAW_MARGIN_S`
+        away (a shutdown starts no new run) and record them never started, their occurrences run again (by
+        whichever supervisor runs then). A run nearer its instant is left to start and drain: a kill that
+        came after its start would interrupt it."""
+        margin = time.time() + WITHDRAW_MARGIN_S
+        later = now + dt.timedelta(seconds=WITHDRAW_MARGIN_S)
+        unstarted = [f for f in self.inflight.values()
+                     if f.start_at is not None and f.start_at > margin and later < f.recorded_start]
+        if not unstarted:
+            return
+        for flight in unstarted:
+            del self.inflight[flight.run_id]
+        self.pool.kill_all([f.worker for f in unstarted])
+        reaped_at = self._reaped_at()
+        for flight in unstarted:
+            self.metrics.run_killed("shutdown")
+            if flight.unstarted(now, reaped_at):
+                self.recorder.record_unstarted(flight, now, why, again=True)
+            else:
+                self.recorder.record(flight, now, status="Cancelled", success=False, count=False,
+                                     error_message=f"interrupted: {why}")
 
     def on_death(self, event: ChildEvent, now: dt.datetime) -> None:
         """A worker died: its run (if any) is Failed with the exit code or signal."""
@@ -226,6 +317,10 @@ class RunGuard:
         if flight.kill_at is not None:  # sent SIGTERM at its deadline: the worker ended within the grace
             self.inflight[flight.run_id] = flight
             self.ended_after_sigterm(flight, now, f"the worker exited: {how}")
+            return
+        if flight.unstarted(now):  # claimed ahead, its worker dead before the instant: its occurrence runs again
+            self.recorder.record_unstarted(flight, now, f"worker process {event.worker.pid} died ({how}) while the "
+                                                        "run waited for its instant", again=True)
             return
         if event.exitcode == -signal.SIGKILL and not event.oom_killed and self.lease_lapsed(flight):
             self.metrics.run_killed("fence")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,12 @@ class InFlight:
         self.last_extended: dt.datetime | None = None  # the first heartbeat is effective at once
         self.kill_at: dt.datetime | None = None  # past its deadline, sent SIGTERM: SIGKILL at this time
         self.scheduled_at: dt.datetime | None = None
+        # claimed ahead (claim_ahead_s): the worker starts the plugin at this instant of this machine's clock
+        # (epoch seconds), never before; None: at once
+        self.start_at: float | None = None
+        # claimed ahead: when to look for a cancel request (`runs cancel`) once more before the instant
+        # (RunGuard.cancel_before_start; database time), None: not to
+        self.cancel_check_at: dt.datetime | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
@@ -48,11 +55,22 @@ class InFlight:
         self.cpu_check_at: dt.datetime | None = None
         self.job = dict(zip(JOB_FIELDS, map(job.get, JOB_FIELDS)))
 
+    def unstarted(self, now: dt.datetime, at: float | None = None) -> bool:
+        """True while a run claimed ahead cannot have started its plugin: neither the supervisor's ``now``
+        (database time) has reached its instant nor this machine's clock (or ``at``, epoch seconds) its
+        ``start_at`` (its worker waits for it by that clock). Asked once the worker is dead (``at``: when it
+        was reaped; or its death seen), it says the plugin never started."""
+        return (self.start_at is not None and now < self.recorded_start
+                and (time.time() if at is None else at) < self.start_at)
+
     @property
     def wake_at(self) -> dt.datetime:
         """When the supervisor must act on this run next: its deadline, or once it was sent SIGTERM, the
-        end of its grace; earlier if its CPU time is due to be checked (``cpu_check_at``)."""
+        end of its grace; earlier if its CPU time is due to be checked (``cpu_check_at``), or a run claimed
+        ahead its cancel requests (``cancel_check_at``)."""
         at = self.deadline if self.kill_at is None else self.kill_at
+        if self.cancel_check_at is not None:
+            at = min(at, self.cancel_check_at)
         return at if self.cpu_check_at is None or self.kill_at is not None else min(at, self.cpu_check_at)
 
     def shift(self, by: dt.timedelta) -> None:

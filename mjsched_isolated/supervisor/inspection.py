@@ -24,6 +24,8 @@ class PluginReport:
         self.plugins = ready.plugins
         self.failures = ready.failures
         self.warnings = ready.warnings  # e.g. a local plugin overriding a built-in job type
+        # local modules whose file no longer imports, imported from a live serve's last good copy instead
+        self.fallbacks = ready.fallbacks
         self.errors = errors
 
 
@@ -31,11 +33,14 @@ CLI_READY_TIMEOUT_S = 30.0  # a CLI check waits less than serve's workers (worke
 
 
 def inspect_plugins(settings: Settings, checks: Sequence[tuple[str, str | None]] = (),
-                    timeout_s: float | None = None) -> PluginReport:
+                    timeout_s: float | None = None, *, borrow_good_plugins: bool = False) -> PluginReport:
     """Start one worker built like ``serve``'s (:meth:`Pool.from_settings`: the same plugins folder and
     import timeout), wait for its Ready, and validate each ``(job_type, configuration JSON)`` in
     ``checks``. ``timeout_s``: the worker's ready timeout (default the smaller of
     ``worker_ready_timeout_s`` and 30 s). ``errors[i]`` is None or a one-line message naming the field.
+    ``borrow_good_plugins``: the worker starts from the last good plugin copies of the live ``serve`` of the
+    same plugins folder on this machine, as ``jobs run``'s does (a module whose file no longer imports is
+    imported from the copy serve keeps running, and named in ``fallbacks``).
     Raises ``TimeoutError`` if no child answers within ``2 * timeout_s + 10`` (a worker whose import hangs
     past ``timeout_s`` is killed and the module left out, once),
     :class:`WorkerError` if it dies for a reason other than a plugin module ending it at import (such a
@@ -43,7 +48,7 @@ def inspect_plugins(settings: Settings, checks: Sequence[tuple[str, str | None]]
     """
     if timeout_s is None:
         timeout_s = min(settings.worker_ready_timeout_s, CLI_READY_TIMEOUT_S)
-    pool = Pool.from_settings(settings, size=1, ready_timeout_s=timeout_s)
+    pool = Pool.from_settings(settings, size=1, ready_timeout_s=timeout_s, borrow_good_plugins=borrow_good_plugins)
     # a worker stuck importing is killed at timeout_s and its module left out: leave time for a second one
     deadline = time.monotonic() + 2 * timeout_s + 10
     try:

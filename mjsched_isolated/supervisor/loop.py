@@ -72,6 +72,9 @@ class Supervisor:
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
         self.dispatcher.cancel_flight = lambda flight, now, reason: self.guard.cancel(flight, now, reason, retry=False)
+        self.dispatcher.replaced_outcome = lambda flight, now, by: self.recorder.outcome(
+            flight, now, status="Cancelled", success=False, error_message=by, count=False, retryable=False)
+        self.dispatcher.kill_replaced = self.guard.kill_replaced
         # claim_ahead_s: a database instant on this machine's own clock (a worker's start_at), and whether
         # the liveness lease is still trusted claim_ahead_s from now
         self.dispatcher.local_epoch = lambda at: (at - self.liveness.db_offset).timestamp() - self.clock.skew_s
@@ -218,6 +221,7 @@ class Supervisor:
         self.recorder.retry_pending()
         self.guard.enforce_deadlines(now)
         self.guard.enforce_cpu_limits(now)
+        self.guard.cancel_before_start(now)
         if not self.accepting:
             return self._drain_step(now, mono)
         if not self.scheduling:
@@ -405,6 +409,7 @@ class Supervisor:
         self.accepting = False
         self.pool.refill = False
         self.drain_deadline = now + dt.timedelta(seconds=self.settings.shutdown_timeout_s)
+        self.guard.withdraw_unstarted(now, f"supervisor {self.settings.instance} is shutting down")
         log.info("shutting down: no new runs; waiting up to %.0f s for %d in-flight run(s)",
                  self.settings.shutdown_timeout_s, len(self.inflight))
 

@@ -271,6 +271,7 @@ class Pool:
         self.respawns = 0
         self.on_respawn: Callable[[], None] | None = None  # called after each respawn (metrics)
         self.refill = True  # False while shutting down: dead slots stay empty
+        self.reaped_at: float | None = None  # the wall clock (epoch s) when kill_all had reaped its workers
         # monotonic time after which busy children kill themselves (the supervisor's lease is not trusted
         # any more); infinite until a supervisor with a liveness lease sets it
         self.fence_at = _ctx.RawValue("d", math.inf)
@@ -408,6 +409,11 @@ class Pool:
             self._keep_lock = None
 
     # -- dispatch --------------------------------------------------------------------------------
+    def refills_at_once(self, worker: Worker) -> bool:
+        """Whether ``worker``'s slot is refilled as soon as it is killed (a kill sets no backoff; an earlier
+        death before Ready may have)."""
+        return self.refill and self._backoff_s[worker.slot] == 0
+
     def idle_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w is not None and w.idle]
 
@@ -597,6 +603,7 @@ class Pool:
             worker.conn.close()
             self._release_cgroup(worker)
             self._vacate(worker, died_before_ready=False, maintain=False)
+        self.reaped_at = time.time()  # dead by then (a run claimed ahead, dead before its instant, never started)
         if workers:
             self._maintain()
         return runs

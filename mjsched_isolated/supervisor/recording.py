@@ -56,6 +56,25 @@ class Recorder:
                                                 error_message=error_message, details=details, count=count,
                                                 notification=notification, fenced=fenced, retryable=retryable))])
 
+    def record_unstarted(self, flight: InFlight, now: dt.datetime, why: str, *, again: bool) -> None:
+        """Record a run claimed ahead of its instant (``claim_ahead_s``) that ended before its plugin started
+        (:meth:`InFlight.unstarted`, asked once its worker is dead): Cancelled, ``never started: why``, no
+        duration, not counted, no notice. ``again``: its occurrence is not lost (a worker death, a fence, a
+        shutdown): attempt 2 of it is made the job's pending retry at its instant, in the same transaction
+        (it runs then, or as soon as a supervisor can, whatever ``max_retries``; not if a retry of the job is
+        pending already, or the job is no longer Active). A run cancelled by request is not run again. Its
+        ``started_at`` stays the instant it was to start at (the column is required): ``completed_at`` is that
+        instant too, and the error message says when it really ended."""
+        again = again and flight.scheduled_at is not None
+        text = f"never started: {why} (at {iso(now)}, before its instant {iso(flight.recorded_start)})"
+        if again:
+            text += f"; attempt {flight.attempt + 1} of occurrence {iso(flight.scheduled_at)} runs at its instant"
+        outcome = Outcome(flight.run_id, flight.job_id, flight.token, "Cancelled", False, text, None, None,
+                          count=False, notices=[], completed_at=max(now, flight.recorded_start),
+                          scheduled_at=flight.scheduled_at, attempt=flight.attempt,
+                          retry_at=flight.scheduled_at if again else None, unstarted=True)
+        self.record_many([(flight, outcome)])
+
     def outcome(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                 error_message: str | None = None, details: dict | None = None, count: bool = True,
                 notification: protocol.NoticeText | None = None, cpu_s: float | None = None,
@@ -174,11 +193,16 @@ class Recorder:
                     f": {one_line(outcome.error_message)}" if outcome.error_message else "", extra=log_ctx(flight))
         return True
 
+    def recorded(self, flight: InFlight, outcome: Outcome) -> None:
+        """An outcome written by another transaction (a replaced run's, with its replacement's claim): its
+        metrics, notices' wake-up and log line, as for one recorded here."""
+        self._after(flight, outcome, True)
+
     def _after(self, flight: InFlight, outcome: Outcome, recorded: bool) -> None:
         """Metrics, the sender's wake-up and the log line of one outcome once its transaction committed."""
         status = outcome.status
         if not recorded:
-            if not outcome.fenced and self._keep_late(flight, outcome):
+            if not outcome.fenced and not outcome.unstarted and self._keep_late(flight, outcome):
                 return
             log.warning("run %d of job %s: result %s not recorded: its run row is no longer Running (abandoned by "
                         "another supervisor, or its job was removed)",
@@ -188,6 +212,12 @@ class Recorder:
         self.metrics.run_finished(flight.job_type, status, duration_ms / 1000)
         if outcome.notices:
             self.wake_sender()
+        if outcome.unstarted:
+            log.warning("run %d of job %s: %s", flight.run_id, flight.job_name,
+                        outcome.error_message if outcome.retry_set or outcome.retry_at is None else
+                        f"{outcome.error_message} - not run again: another retry of the job is pending, or the job "
+                        "is no longer Active", extra=log_ctx(flight))
+            return
         if outcome.retry_set and outcome.retry_at is not None:
             log.warning("run %d of job %s: %s, retry %d of %d at %s", flight.run_id, flight.job_name, status,
                         outcome.attempt, flight.job["max_retries"], iso(outcome.retry_at), extra=log_ctx(flight))

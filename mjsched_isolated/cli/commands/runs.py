@@ -84,7 +84,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     elif row["status"] == "Running":
         holder = row["executed_by_instance"]
         print(f"cancel of run {row['id']} (job {row['job_name']}) requested by {row['cancel_requested_by']}: "
-              f"supervisor {holder} stops it at its next lease renewal"
+              f"supervisor {holder} stops it at its next lease renewal (a run waiting for its instant: before it "
+              "starts)"
               + (f"; still running after {args.wait:g} s" if args.wait is not None else ""))
     elif row["status"] == "Cancelled":
         print(f"run {row['id']} (job {row['job_name']}) Cancelled: {row['error_message']}")
