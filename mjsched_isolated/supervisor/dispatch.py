@@ -75,9 +75,6 @@ class Dispatcher:
         self.next_rescan_at: dt.datetime | None = None
         # how many results wait to be recorded (database unreachable): their slots still count as taken
         self.unrecorded: Callable[[], int] = lambda: 0
-        # waits for the results batch the recorder sent without waiting (Recorder.settle): called before
-        # whatever depends on those rows (a claim, the live-Skip read, the rescan); the due read overlaps it
-        self.settle_results: Callable[[], None] = lambda: None
         self.waiting_for_worker: set[int] = set()  # due jobs whose type only busy workers have (this poll)
         self._next_advice_at: dt.datetime | None = None
         self._unreadable_after = 0  # the unreadable next_run_at sweep continues after this job id
@@ -111,7 +108,6 @@ class Dispatcher:
         while supervisors run). Both are indexed queries; this runs every ``rescan_interval_s``."""
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self.backfills_maybe = True
-        self.settle_results()  # the sweep reads leases and Running rows: the results sent first
         self._forget_fixed_bad_jobs()
         self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         if self._next_advice_at is None or now >= self._next_advice_at:
@@ -190,15 +186,6 @@ class Dispatcher:
                   and all(types[id(w)] == types[id(idle[0])] for w in idle))
         horizon = now + self.ahead if self.ahead and not pooled else now
         due = self.store.due_jobs(horizon, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
-        # the results sent at the last wait were committed meanwhile (the due read overlapped their flush):
-        # waited for here, before any decision writes or claims; a batch that failed (an outage) still
-        # holds its slots, so the workers it freed are not used
-        self.settle_results()
-        del idle[max(0, self.pool.size - len(self.inflight) - self.unrecorded()):]
-        if not idle:
-            self.skip_live(now, known)
-            self._forget_passed_skip_times(now)
-            return
         ahead = [j for j in due if j["next_run_at"] is not None and j["next_run_at"] > now]
         if ahead:  # not due yet: claimed ahead below, on the workers the due ones leave idle
             due = [j for j in due if j["next_run_at"] is None or j["next_run_at"] <= now]
@@ -284,7 +271,6 @@ class Dispatcher:
             self.backfills_maybe = True
         if not self.backfills_maybe:
             return
-        self.settle_results()
         found = self.store.backfills.due(len(idle), exclude=self._excluded())
         self.backfills_maybe = bool(found)
         taken: set[int] = set()
@@ -331,7 +317,6 @@ class Dispatcher:
         ``skipped_count``, logged, the ``concurrency`` metric and a notice. Without it an occurrence that
         came due while every worker was busy would run late, after the live run, as a catch-up (issue 12).
         The missed-run policy is applied first (:meth:`_decide`), as for any due job."""
-        self.settle_results()  # a lease the results sent release is not live
         for job in self.store.due_live_skip_jobs(now, LIVE_SKIP_ROWS, exclude=self._excluded()):
             decided, next_run_at, job = self._decide(job, known, now)
             if decided and job["next_run_at"] is not None:
@@ -665,7 +650,6 @@ class Dispatcher:
         the workers start the runs at this instant of their clock (epoch seconds)."""
         if not items:
             return []
-        self.settle_results()  # the leases the results sent release, committed before they are judged
         holding = self.clock.holding_takeovers(now)
         requests, timeouts = [], []
         for job, next_run_at, _, scheduled_at in items:

@@ -71,10 +71,6 @@ class Supervisor:
         self.dispatcher = Dispatcher(settings, store, pool, self.metrics, self.clock, self.inflight,
                                      self._wake_sender)
         self.dispatcher.unrecorded = lambda: len(self.recorder.pending)
-        self.dispatcher.settle_results = self.recorder.settle
-        # PostgreSQL under serve: the results of a wait are sent to the recorder thread and their commit
-        # awaited in the next step, before its first claim (Recorder.send): the WAL flush overlaps the due read
-        self.overlap_recording = False
         self.dispatcher.cancel_flight = lambda flight, now, reason: self.guard.cancel(flight, now, reason, retry=False)
         # claim_ahead_s: a database instant on this machine's own clock (a worker's start_at), and whether
         # the liveness lease is still trusted claim_ahead_s from now
@@ -202,8 +198,7 @@ class Supervisor:
         probe = self.reloader.handles()
         events, woken = self.pool.wait(max(0.0, timeout_s), [*extra, *probe])
         with logs.batched():
-            self.on_events(events, self.read_clock()[0],
-                           send=self.overlap_recording and self.accepting and self.scheduling)
+            self.on_events(events, self.read_clock()[0])
         if probe:
             self.reloader.poll(time.monotonic())
             woken = [h for h in woken if h not in probe]
@@ -244,7 +239,6 @@ class Supervisor:
                 self.dispatcher.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
             self.pruner.step(now)
             self.reloader.step(mono)
-        self.recorder.settle()  # before the wake-up time: a failed batch is retried like any pending one
         return self._wake(now, mono, next_due, self.dispatcher.next_rescan_at, self.pruner.wake_at(now))
 
     def _settle(self, now: dt.datetime, mono: float) -> dt.datetime:
@@ -270,11 +264,9 @@ class Supervisor:
                 wake = when
         return max(wake, now + dt.timedelta(milliseconds=1))
 
-    def on_events(self, events: list[ChildEvent], now: dt.datetime, *, send: bool = False) -> None:
+    def on_events(self, events: list[ChildEvent], now: dt.datetime) -> None:
         """Record results, crashes and heartbeats reported by the pool. The results of one wait are recorded
-        together, in one transaction (:meth:`Recorder.record_many`), each with ``now`` as its end; ``send``:
-        that transaction is sent without waiting for its commit (:meth:`Recorder.send`; the next step's
-        claims wait for it)."""
+        together, in one transaction (:meth:`Recorder.record_many`), each with ``now`` as its end."""
         finished = []
         for event in events:
             if event.died:
@@ -301,7 +293,7 @@ class Supervisor:
                 self._store_output(flight, message.text, now)
             elif isinstance(message, protocol.Ready):
                 self.dispatcher.advice.log_plugins(message)
-        (self.recorder.send if send else self.recorder.record_many)(finished)
+        self.recorder.record_many(finished)
 
     def _store_output(self, flight: InFlight, text: str, now: dt.datetime) -> None:
         """Append a piece of the run's output (bounded by the worker) to its ``run_output`` rows. Output is
@@ -338,7 +330,6 @@ class Supervisor:
         try:
             self._stop_at = time.monotonic() + run_for_s if run_for_s is not None else None
             self.dispatcher.sweep_previous_life = True  # runs left under this name by a dead process
-            self.overlap_recording = self.store.dialect == "postgresql"
             self.metrics.start_server()
             self.pool.start()
             self.notifier = Notifier(self.store, self.settings.notifications, self.settings.instance,
@@ -358,7 +349,6 @@ class Supervisor:
                 if self.cycle([rsock]):
                     _drain_socket(rsock)
         finally:
-            self.recorder.close()  # a batch sent is settled (recorded, or said unrecorded) before anything stops
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -422,7 +412,6 @@ class Supervisor:
         """One step of a shutdown: wait for in-flight runs until ``drain_deadline``, then cancel them. The
         liveness lease is still renewed meanwhile (the wake-up includes the renewal), or the workers'
         watchdogs would fence runs that are allowed to finish."""
-        self.recorder.settle()
         past_deadline = self.drain_deadline is None or now >= self.drain_deadline
         if self.inflight and past_deadline:
             self.guard.cancel_all(now, "interrupted by shutdown")

@@ -80,6 +80,6 @@ def _run(sup: Supervisor, job: JobRow, ready_timeout_s: float) -> int | None:
     flight = sup.dispatcher.claim(job, now, job["next_run_at"], sup.pool.idle_workers()[0], scheduled_at=None)
     if flight is None:
         return None
-    while flight.run_id in sup.inflight or sup.recorder.outstanding:
+    while flight.run_id in sup.inflight or sup.recorder.pending:
         sup.cycle()
     return flight.run_id

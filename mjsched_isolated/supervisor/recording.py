@@ -9,14 +9,6 @@ result can fail to land, each handled here and nowhere else:
   them (:meth:`Recorder.give_up`) and the sweep of another supervisor marks those runs abandoned;
 - the database refuses the plugin's text (a permanent error, e.g. a NUL byte on PostgreSQL): the
   outcome is recorded once more without the plugin's message, details and notices, never retried forever.
-
-Overlapped recording (PostgreSQL, issue 11): a batch may be *sent* (:meth:`Recorder.send`) rather than
-recorded: its transaction goes to a recorder thread of its own (its own pooled connection; psycopg
-releases the GIL while it waits for the server), so the WAL flush of its commit overlaps the supervisor's
-next due read. :meth:`Recorder.settle` waits for it and judges it exactly as a batch recorded in place
-(metrics, log lines, notices woken; a failure kept in :attr:`Recorder.pending`, a refused row found one by
-one), before anything that depends on those rows: every claim, the live-Skip read, any other recording,
-and the end of the step (so the loop never waits with a batch unsettled).
 """
 
 from __future__ import annotations
@@ -24,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from mjsched_isolated import notices, planner, protocol
 from mjsched_isolated.config import Settings
@@ -49,9 +40,6 @@ class Recorder:
         self.metrics = metrics
         self.wake_sender = wake_sender
         self.pending: list[tuple[InFlight, Outcome]] = []  # outcomes not yet recorded (database unreachable)
-        # a batch sent to the recorder thread (:meth:`send`), its commit not yet awaited (:meth:`settle`)
-        self.sent: tuple[list[tuple[InFlight, Outcome]], Future[list[bool]]] | None = None
-        self._thread: ThreadPoolExecutor | None = None
 
     def record(self, flight: InFlight, now: dt.datetime, *, status: str, success: bool,
                error_message: str | None = None, details: dict | None = None, count: bool = True,
@@ -100,60 +88,11 @@ class Recorder:
 
     def record_many(self, items: list[tuple[InFlight, Outcome]]) -> None:
         """Record several outcomes (results that arrived together) in one transaction (group commit), behind
-        any still pending ones (a batch :meth:`send` sent is settled first). Never raises: what cannot be
-        written yet stays in :attr:`pending`."""
+        any still pending ones. Never raises: what cannot be written yet stays in :attr:`pending`."""
         if not items:
             return
-        self.settle()
         self.pending.extend(items)
         self.retry_pending()
-        self._warn_waiting(items)
-
-    def send(self, items: list[tuple[InFlight, Outcome]]) -> None:
-        """:meth:`record_many`, its transaction sent to the recorder thread without waiting for its commit:
-        :meth:`settle` waits and judges it. Recorded in place instead (:meth:`record_many`) while older
-        outcomes are pending (an outage: they go first) or a batch is already sent."""
-        if not items:
-            return
-        if self.pending or self.sent is not None:
-            self.record_many(items)
-            return
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mjsched-recorder")
-        outcomes = [outcome for _, outcome in items]
-        self.sent = (items, self._thread.submit(self.store.finish_runs, outcomes))
-
-    @property
-    def outstanding(self) -> bool:
-        """Outcomes not recorded yet: pending (database unreachable) or sent and not settled."""
-        return bool(self.pending) or self.sent is not None
-
-    def settle(self) -> None:
-        """Wait for the batch :meth:`send` sent (if any) and judge it as :meth:`retry_pending` judges a
-        batch: recorded (metrics, log lines, the sender woken), or kept in :attr:`pending` (an outage), a
-        refused row found one at a time. Never raises."""
-        if self.sent is None:
-            return
-        batch, future = self.sent
-        self.sent = None
-        try:
-            recorded = future.result()
-        except Exception as exc:  # noqa: BLE001 - judged as a failed batch recorded in place
-            self.pending[:0] = batch  # nothing was pending when it was sent: it is the oldest
-            self._failed(batch, exc)
-            self._warn_waiting(batch)
-            return
-        for (flight, outcome), done in zip(batch, recorded, strict=True):
-            self._after(flight, outcome, done)
-
-    def close(self) -> None:
-        """Settle a sent batch and stop the recorder thread (the store may be closed after this)."""
-        self.settle()
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
-
-    def _warn_waiting(self, items: list[tuple[InFlight, Outcome]]) -> None:
         waiting = {id(outcome) for _, outcome in self.pending}
         for flight, outcome in items:
             if id(outcome) in waiting:
@@ -162,34 +101,27 @@ class Recorder:
 
     def retry_pending(self) -> None:
         """Record outcomes that arrived while the database was unreachable, oldest first, in one transaction;
-        if that fails for a refused row, one at a time, stopping at the first that cannot be written. A batch
-        :meth:`send` sent is left to its thread (none is sent while outcomes are pending)."""
+        if that fails for a refused row, one at a time, stopping at the first that cannot be written."""
         if not self.pending:
             return
         batch = list(self.pending)
         try:
             recorded = self.store.finish_runs([outcome for _, outcome in batch])
         except Exception as exc:  # noqa: BLE001 - an outage keeps them; a refused row is found one by one
-            self._failed(batch, exc)
+            if len(batch) > 1 and is_permanent_error(exc):
+                while self.pending and self._store_outcome(*self.pending[0]):
+                    self.pending.pop(0)
+            elif len(batch) == 1 and self._store_outcome(*batch[0], error=exc):
+                self.pending.pop(0)
+            else:
+                log.debug("recording %d outcome(s) failed: %s", len(batch), _short(exc))
             return
         del self.pending[:len(batch)]
         for (flight, outcome), done in zip(batch, recorded, strict=True):
             self._after(flight, outcome, done)
 
-    def _failed(self, batch: list[tuple[InFlight, Outcome]], exc: Exception) -> None:
-        """The transaction of ``batch`` (the head of :attr:`pending`) failed with ``exc``: an outage keeps
-        them pending; a refused row is found by recording them one at a time."""
-        if len(batch) > 1 and is_permanent_error(exc):
-            while self.pending and self._store_outcome(*self.pending[0]):
-                self.pending.pop(0)
-        elif len(batch) == 1 and self._store_outcome(*batch[0], error=exc):
-            self.pending.pop(0)
-        else:
-            log.debug("recording %d outcome(s) failed: %s", len(batch), _short(exc))
-
     def give_up(self) -> None:
         """Drop the unrecorded outcomes (a shutdown past its bound), saying which runs they were."""
-        self.settle()
         if self.pending:
             log.error("stopping with %d result(s) unrecorded (database unreachable): runs %s; they will be "
                       "marked abandoned when this supervisor's lease expires", len(self.pending),
