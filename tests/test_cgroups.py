@@ -415,6 +415,9 @@ def _recorded_death(pool, event) -> dict:
     class Flight:
         run_id, job = 1, {}
         kill_at = None
+
+        def unstarted(self, now, at=None) -> bool:  # a run that had started (not one claimed ahead)
+            return False
     RunGuard(None, None, pool, None, Recorder(), {1: Flight()}).on_death(event, None)
     return recorded
 
