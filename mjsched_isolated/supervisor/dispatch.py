@@ -114,6 +114,7 @@ class Dispatcher:
         # at each rescan; None alone or on SQLite. _own_front: the oldest due occurrence of the share, last read
         self.share_of: tuple[int, int] | None = None
         self._own_front: dt.datetime | None = None
+        self._stealing = False  # the last due read found late jobs of others' shares
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -157,7 +158,7 @@ class Dispatcher:
         me = self.settings.instance
         share_of = (live.index(me), len(live)) if me in live and len(live) > 1 else None
         if share_of != self.share_of:  # a supervisor came or went: the rows met held by peers were another division
-            self.share_of, self._own_front, self.contended_until = share_of, None, None
+            self.share_of, self._own_front, self.contended_until, self._stealing = share_of, None, None, False
 
     def share(self, now: dt.datetime) -> Share | None:
         """The division of the due read (:class:`Share`): another's job is read once its occurrence is
@@ -180,6 +181,7 @@ class Dispatcher:
         mine = [j["next_run_at"] for j in due if j["id"] % count == index and j["next_run_at"] is not None
                 and j["next_run_at"] <= now]
         self._own_front = min(mine, default=None)
+        self._stealing = any(j["id"] % count != index for j in due)
 
     # -- due jobs -------------------------------------------------------------------------------------
     def abandon_orphans(self, now: dt.datetime) -> None:
@@ -225,9 +227,10 @@ class Dispatcher:
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         limit = len(idle)
-        # divided (a fleet's share): peers do not reach for these rows, so no wider read and no SKIP LOCKED; a row
-        # a stealing peer holds is left due for the next poll (_claim_batch)
-        contended = self.share_of is None and self.contended_until is not None and now < self.contended_until
+        # divided (a fleet's share): peers do not reach for its own rows, so no wider read and no pooled claim,
+        # unless the last read took others' late rows, for which their owner (and other peers) may be reaching
+        contended = (self._stealing if self.share_of is not None
+                     else self.contended_until is not None and now < self.contended_until)
         read = limit * CONTENDED_READ if contended else limit
         # contended on PostgreSQL, workers alike: the claim passes over the rows peers hold, not the read
         pooled = (contended and self.store.dialect == "postgresql"
