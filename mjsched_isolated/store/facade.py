@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.backfills import Backfills
-from mjsched_isolated.store.jobs import Jobs, unreadable_next_run_at_chunk
+from mjsched_isolated.store.jobs import Jobs, Share, unreadable_next_run_at_chunk
 from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
 from mjsched_isolated.store.output import PluginReloads, RunOutput
@@ -129,19 +129,23 @@ class Store:
         return self.jobs.list_jobs()
 
     def due_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
-                 skip_locked: bool = False) -> list[JobRow]:
+                 skip_locked: bool = False, share: Share | None = None) -> list[JobRow]:
         """Dispatchable jobs due by ``now``, earliest first; ``skip_locked``: pass over rows a peer's claim
-        holds (PostgreSQL) (:meth:`Jobs.due_jobs`)."""
-        return self.jobs.due_jobs(now, limit, exclude, skip_locked)
+        holds (PostgreSQL); ``share``: this supervisor's share of a fleet's jobs (:meth:`Jobs.due_jobs`)."""
+        return self.jobs.due_jobs(now, limit, exclude, skip_locked, share)
 
     def due_live_skip_jobs(self, now: dt.datetime, limit: int, exclude: AbstractSet[int] = frozenset(),
                            mode: str = "Skip") -> list[JobRow]:
         """Due Skip (or ``mode``) jobs whose run is live, oldest first (:meth:`Jobs.due_live_skip_jobs`)."""
         return self.jobs.due_live_skip_jobs(now, limit, exclude, mode)
 
-    def next_due_at(self, exclude: AbstractSet[int] = frozenset()) -> dt.datetime | None:
+    def next_due_at(self, exclude: AbstractSet[int] = frozenset(), share: Share | None = None) -> dt.datetime | None:
         """The earliest dispatchable ``next_run_at`` (:meth:`Jobs.next_due_at`)."""
-        return self.jobs.next_due_at(exclude)
+        return self.jobs.next_due_at(exclude, share)
+
+    def live_instances(self) -> list[str]:
+        """The names of the live supervisors, sorted (:meth:`Supervisors.live_instances`)."""
+        return self.supervisors.live_instances()
 
     def active_jobs_signature(self) -> tuple[int, dt.datetime | None]:
         """(count, latest updated_at) of Active jobs (:meth:`Jobs.active_jobs_signature`)."""

@@ -98,6 +98,14 @@ class Supervisors:
                                                      version=None if version is None else version[:40]))
             return self._heartbeat_at(conn, instance)
 
+    def live_instances(self) -> list[str]:
+        """The names of the supervisors whose liveness lease has not expired (database clock) and that did not
+        stop, sorted: a fleet divides the jobs among them (:class:`~mjsched_isolated.store.jobs.Share`)."""
+        live = (supervisors.c.lease_expires_at > schema.db_now(self.dialect), supervisors.c.stopped_at.is_(None))
+        query = sa.select(supervisors.c.instance).where(*live).order_by(supervisors.c.instance)
+        with self.engine.connect() as conn:
+            return [row[0] for row in conn.execute(query)]
+
     def renew_supervisor(self, instance: str, ttl_s: float, *, hostname: str | None = None,
                          pid: int | None = None) -> dt.datetime | None:
         """Extend ``instance``'s liveness lease to DB-now + ``ttl_s`` seconds: one statement keeps every

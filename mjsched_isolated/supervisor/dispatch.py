@@ -24,6 +24,7 @@ from mjsched_isolated.errors import CronError
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
+from mjsched_isolated.store.jobs import Share
 from mjsched_isolated.store.leases import ClaimRequest, Outcome, poolable
 from mjsched_isolated.store.records import Claim, JobRow
 from mjsched_isolated.supervisor.advice import Advice
@@ -46,6 +47,14 @@ CONTENDED_READ = 3
 # a run claimed ahead: its cancel requests are read once more this long before its instant (RunGuard), so a
 # `runs cancel` while it waits stops it before its plugin starts
 CANCEL_CHECK_BEFORE = dt.timedelta(milliseconds=50)
+# a fleet (PostgreSQL, MariaDB) divides the jobs among its live supervisors (store.jobs.Share): another's job is
+# taken only when its occurrence is this much older than this supervisor's own oldest due one (or than now):
+# its owner is dead (taken over at once, not after its TTL), or behind
+SHARE_STEAL_AFTER = dt.timedelta(milliseconds=10)
+# ... and while its own share is this far behind (saturated), another's job is taken only when it is this much
+# further behind: peers balance their backlogs without reaching for the rows their owners are taking (measured
+# at 200 ms: 3-5 % of the claims met a row a peer held; at 1 s none)
+SHARE_STEAL_BEHIND = dt.timedelta(seconds=1)
 
 
 def how_many(count: int) -> str:
@@ -109,6 +118,11 @@ class Dispatcher:
         self.local_epoch: Callable[[dt.datetime], float] = lambda at: at.timestamp()
         self.lease_valid_ahead: Callable[[], bool] = lambda: True
         self.ahead = dt.timedelta(seconds=settings.claim_ahead_s)
+        # a fleet's division of the jobs (PostgreSQL, MariaDB): (index, count) among the live supervisors, read
+        # at each rescan; None alone or on SQLite. _own_front: the oldest due occurrence of the share, last read
+        self.share_of: tuple[int, int] | None = None
+        self._own_front: dt.datetime | None = None
+        self._stealing = False  # the last due read found late jobs of others' shares
 
     # -- the sweep ------------------------------------------------------------------------------------
     def rescan(self, now: dt.datetime) -> None:
@@ -123,6 +137,7 @@ class Dispatcher:
             # its signature reads every Active job: with many, once a minute, not at every rescan
             self._next_advice_at = now + dt.timedelta(seconds=ADVICE_INTERVAL_S) if active > MANY_JOBS else None
         self.abandon_orphans(now)
+        self._read_share()
         self.replace_others(now)
         # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
         found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
@@ -142,6 +157,39 @@ class Dispatcher:
             if self.store.set_next_run_at(job["id"], None, next_run_at, now, status=status):
                 log.info("job %s scheduled: next_run_at %s", job["name"], iso(next_run_at) if next_run_at else
                          "none (end_at passed; status Expired)")
+
+    def _read_share(self) -> None:
+        """This supervisor's place among the live ones (the supervisors table), for :meth:`share`."""
+        if self.store.dialect == "sqlite":
+            return
+        live = self.store.live_instances()
+        me = self.settings.instance
+        share_of = (live.index(me), len(live)) if me in live and len(live) > 1 else None
+        if share_of != self.share_of:  # a supervisor came or went: the rows met held by peers were another division
+            self.share_of, self._own_front, self.contended_until, self._stealing = share_of, None, None, False
+
+    def share(self, now: dt.datetime) -> Share | None:
+        """The division of the due read (:class:`Share`): another's job is read once its occurrence is
+        :data:`SHARE_STEAL_AFTER` older than ``now``, or, while this supervisor's own share is behind (the last
+        read found some of it due more than :data:`SHARE_STEAL_BEHIND` ago: saturated), that much older than
+        its oldest due occurrence."""
+        if self.share_of is None:
+            return None
+        front = self._own_front
+        behind = front is not None and front < now - SHARE_STEAL_BEHIND
+        steal_before = front - SHARE_STEAL_BEHIND if front is not None and behind else now - SHARE_STEAL_AFTER
+        return Share(self.share_of[0], self.share_of[1], steal_before, SHARE_STEAL_AFTER)
+
+    def _note_front(self, due: list[JobRow], now: dt.datetime) -> None:
+        """Remember the oldest due occurrence of this supervisor's share among ``due`` (the next read's bound
+        for taking others' jobs), None if the read found none."""
+        if self.share_of is None:
+            return
+        index, count = self.share_of
+        mine = [j["next_run_at"] for j in due if j["id"] % count == index and j["next_run_at"] is not None
+                and j["next_run_at"] <= now]
+        self._own_front = min(mine, default=None)
+        self._stealing = any(j["id"] % count != index for j in due)
 
     # -- due jobs -------------------------------------------------------------------------------------
     def abandon_orphans(self, now: dt.datetime) -> None:
@@ -187,13 +235,18 @@ class Dispatcher:
         types = {id(w): job_types(w) for w in idle}
         to_run: list[tuple[JobRow, dt.datetime | None, Any]] = []
         limit = len(idle)
-        contended = self.contended_until is not None and now < self.contended_until
+        # divided (a fleet's share): peers do not reach for its own rows, so no wider read and no pooled claim,
+        # unless the last read took others' late rows, for which their owner (and other peers) may be reaching
+        contended = (self._stealing if self.share_of is not None
+                     else self.contended_until is not None and now < self.contended_until)
         read = limit * CONTENDED_READ if contended else limit
         # contended on PostgreSQL, workers alike: the claim passes over the rows peers hold, not the read
         pooled = (contended and self.store.dialect == "postgresql"
                   and all(types[id(w)] == types[id(idle[0])] for w in idle))
         horizon = now + self.ahead if self.ahead and not pooled else now
-        due = self.store.due_jobs(horizon, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled)
+        due = self.store.due_jobs(horizon, limit=read, exclude=self._excluded(), skip_locked=contended and not pooled,
+                                  share=self.share(now))
+        self._note_front(due, now)
         ahead = [j for j in due if j["next_run_at"] is not None and j["next_run_at"] > now]
         if ahead:  # not due yet: claimed ahead below, on the workers the due ones leave idle
             due = [j for j in due if j["next_run_at"] is None or j["next_run_at"] <= now]
@@ -460,7 +513,8 @@ class Dispatcher:
                 del self.skip_due_at[job_id]
             due = min((at for at in self.skip_due_at.values() if at is not None), default=None)
         else:
-            due = self.store.next_due_at(self._excluded() | self.waiting_for_worker)
+            due = self.store.next_due_at(self._excluded() | self.waiting_for_worker,
+                                         share=None if now is None else self.share(now))
             if due is not None and self.ahead and (now is None or due - self.ahead > now):
                 due -= self.ahead
         return min((at for at in (due, replace_at) if at is not None), default=None)
