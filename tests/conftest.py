@@ -82,6 +82,15 @@ def backend_url(request, tmp_path: Path):
         yield url
 
 
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_store(request, tmp_path: Path):
+    """An opened :class:`Store` on each database server (PostgreSQL, MySQL/MariaDB), in a namespace of its own."""
+    with isolated_database(request.param, tmp_path) as url:
+        store = Store.open(url)
+        yield store
+        store.close()
+
+
 class _SharedNamespaces:
     """The migrated namespaces (one per backend) shared by this test process's ``shared_backend_url`` tests,
     each made on first use with an engine kept to empty it, and dropped at the end of the session."""

@@ -18,14 +18,6 @@ from mjsched_isolated.supervisor import utcnow
 STEAL = dt.timedelta(milliseconds=10)
 
 
-@pytest.fixture(params=["postgresql", "mysql"])
-def server_store(request, tmp_path):
-    with isolated_database(request.param, tmp_path) as url:
-        store = Store.open(url)
-        yield store
-        store.close()
-
-
 def test_live_instances_are_the_unexpired_unstopped_ones_sorted(server_store):
     store = server_store
     for name, ttl in (("b", 60.0), ("a", 60.0), ("gone", -5.0), ("stopped", 60.0)):

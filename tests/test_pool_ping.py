@@ -10,20 +10,11 @@ import datetime as dt
 
 import pytest
 import sqlalchemy as sa
-from conftest import isolated_database
 from waiting import wait_until
 
 from mjsched_isolated.store import Store, schema
 from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.schema import jobs
-
-
-@pytest.fixture(params=["postgresql", "mysql"])
-def server_store(request, tmp_path):
-    with isolated_database(request.param, tmp_path) as url:
-        s = Store.open(url)
-        yield s
-        s.close()
 
 
 def _backend_id(conn: sa.Connection) -> int:
