@@ -519,7 +519,9 @@ def update_job(store: Store, settings: Settings, name: str, changes: Mapping[str
 
 def pause_job(store: Store, name: str, now: dt.datetime) -> Row:
     """Stop scheduling job ``name`` (a run in progress is not interrupted; a pending retry is dropped).
-    Returns the job."""
+    Committed more than 50 ms before an occurrence's instant, it prevents that run even if a supervisor
+    already claimed it ahead (withdrawn before its instant, recorded never started); in the last 50 ms the
+    run may start (docs: Concurrency, Pausing). Returns the job."""
     store.update_job(name, {"status": JobStatus.PAUSED.value, "next_run_at": None, **NO_RETRY}, now)
     return get_job(store, name)
 

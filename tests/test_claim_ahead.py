@@ -266,3 +266,133 @@ def test_runs_cancel_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin
     assert run["error_message"].startswith("never started: cancelled by alice@host (runs cancel)")
     job = store.get_job("a")
     assert job["retry_attempt"] is None and job["next_run_at"] > instant  # cancelled: not run again
+
+
+# -- a pause (disable, remove, an edit of the schedule) before the instant: the run claimed ahead never starts --
+def _claimed_ahead(store, d, name, cron=YEARLY):
+    """A job due 1 s after a simulated start, claimed ahead (claim_ahead_s 0.1 s) and held by the fake pool:
+    (at, instant, run id)."""
+    start, at = _steps(d)
+    instant = start + dt.timedelta(seconds=1)
+    add_job(store, name, "ok", cron, next_run_at=instant)
+    at(instant - dt.timedelta(milliseconds=90))
+    assert [r.job_name for r in d.pool.submitted] == [name]
+    return at, instant, d.pool.submitted[0].run_id
+
+
+def test_a_pause_before_the_check_withdraws_the_run_claimed_ahead(mem_store, fake_factory):
+    """`jobs pause` after the claim, before the check 50 ms ahead of the instant: withdrawn then (its worker
+    killed, never started, not run again), the job stays Paused with nothing pending."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    at, instant, run_id = _claimed_ahead(store, d, "p")
+    ops.pause_job(store, "p", utcnow())
+    at(instant - dt.timedelta(milliseconds=49))
+    run = store.get_run(run_id)
+    assert run["status"] == "Cancelled" and run["duration_ms"] is None
+    assert run["error_message"].startswith("never started: its job became Paused before its instant")
+    assert not d.supervisor.inflight
+    job = store.get_job("p")
+    assert (job["status"], job["next_run_at"], job["retry_attempt"], job["run_count"]) == ("Paused", None, None, 0)
+    at(instant + dt.timedelta(seconds=2))
+    assert len(d.pool.submitted) == 1  # not run again
+
+
+@pytest.mark.parametrize("status", ["Disabled", "Expired"])
+def test_a_job_made_not_active_before_the_check_withdraws_the_run_claimed_ahead(mem_store, fake_factory, status):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    at, instant, run_id = _claimed_ahead(store, d, "p")
+    store.update_job("p", {"status": status, "next_run_at": None}, utcnow())
+    at(instant - dt.timedelta(milliseconds=49))
+    assert store.get_run(run_id)["error_message"].startswith(f"never started: its job became {status} before")
+
+
+def test_a_pause_after_the_check_lets_the_run_go_on(mem_store, fake_factory):
+    """A pause committed after the check (here 20 ms before the instant) is the documented race: the run
+    starts and goes on (a pause does not interrupt a run), and no further run starts."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    at, instant, run_id = _claimed_ahead(store, d, "p")
+    at(instant - dt.timedelta(milliseconds=49))
+    ops.pause_job(store, "p", utcnow())
+    at(instant - dt.timedelta(milliseconds=20))
+    assert store.get_run(run_id)["status"] == "Running" and run_id in d.supervisor.inflight
+
+
+def test_a_resume_before_the_check_keeps_the_run_claimed_ahead(mem_store, fake_factory):
+    """Paused and resumed before the check: Active, its next run time re-planned to this very instant: kept."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    at, instant, run_id = _claimed_ahead(store, d, "p", cron="* * * * * *")
+    store.update_job("p", {"status": "Paused", "next_run_at": None}, utcnow())
+    store.update_job("p", {"status": "Active", "next_run_at": instant}, utcnow())
+    at(instant - dt.timedelta(milliseconds=49))
+    assert store.get_run(run_id)["status"] == "Running" and run_id in d.supervisor.inflight
+
+
+def test_an_edit_of_the_schedule_before_the_check_withdraws_the_run_only_if_its_instant_is_gone(
+        mem_store, fake_factory):
+    """An edit re-plans the job from before the instant: next_run_at this instant (still an occurrence): the
+    run stays; a later time other than the one the claim wrote (not an occurrence any more): withdrawn. A
+    pending retry's time is no re-plan."""
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=3)
+    d.pool.hold()
+    start, at = _steps(d)
+    instant = start + dt.timedelta(seconds=1)
+    for name in ("kept", "moved", "retry"):
+        add_job(store, name, "ok", "* * * * * *", next_run_at=instant)
+    at(instant - dt.timedelta(milliseconds=90))
+    run_of = {r.job_name: r.run_id for r in d.pool.submitted}
+    assert sorted(run_of) == ["kept", "moved", "retry"]
+    later = instant + dt.timedelta(minutes=7)
+    store.update_job("kept", {"cron_expression": "*/2 * * * * *", "next_run_at": instant}, utcnow())
+    store.update_job("moved", {"cron_expression": "0 0 * * * *", "next_run_at": later}, utcnow())
+    store.update_job("retry", {"retry_at": later, "retry_attempt": 2, "next_run_at": later}, utcnow())
+    at(instant - dt.timedelta(milliseconds=49))
+    assert store.get_run(run_of["kept"])["status"] == "Running"
+    assert store.get_run(run_of["retry"])["status"] == "Running"
+    moved = store.get_run(run_of["moved"])
+    assert moved["status"] == "Cancelled" and moved["error_message"].startswith(
+        "never started: its job's schedule was changed before its instant (next run ")
+    assert store.get_job("moved")["next_run_at"] == later and store.get_job("moved")["retry_attempt"] is None
+
+
+def test_a_job_removed_before_the_check_has_its_run_claimed_ahead_killed_before_its_instant(
+        mem_store, fake_factory):
+    store = mem_store
+    d = fake_factory(max_concurrent_jobs=1)
+    d.pool.hold()
+    at, instant, _ = _claimed_ahead(store, d, "p")
+    ops.remove_job(store, "p")
+    at(instant - dt.timedelta(milliseconds=49))
+    assert not d.supervisor.inflight and store.list_runs(limit=5) == []
+
+
+def test_jobs_pause_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_starts(any_store, any_driver):
+    """Real workers on each database: `jobs pause` while a run claimed ahead waits for its instant; the
+    supervisor reads the job's status 50 ms before the instant and kills the worker first: never started,
+    not run again, the plugin never ran (no details), the job Paused with nothing pending."""
+    store = any_store
+    d = any_driver(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    ops.pause_job(store, "a", utcnow())
+    d.until(lambda: store.get_run(handed[0])["status"] != "Running")
+    run = store.get_run(handed[0])
+    if not (run["error_message"] or "").startswith("never started") and d.pool.reaped_at >= instant.timestamp():
+        pytest.skip("the machine was too loaded: the loop woke after the instant (the run may have started)")
+    assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None
+    assert run["error_message"].startswith("never started: its job became Paused before its instant")
+    assert d.pool.reaped_at < instant.timestamp()  # the worker was dead before the instant
+    job = store.get_job("a")
+    assert (job["status"], job["next_run_at"], job["retry_attempt"]) == ("Paused", None, None)
+    assert [r["id"] for r in store.list_runs(limit=5)] == handed  # no other run

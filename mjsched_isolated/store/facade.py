@@ -35,7 +35,7 @@ from sqlalchemy.engine import Engine
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.backfills import Backfills
 from mjsched_isolated.store.jobs import Jobs, Share, unreadable_next_run_at_chunk
-from mjsched_isolated.store.leases import ClaimRequest, Leases, Outcome
+from mjsched_isolated.store.leases import ClaimRequest, HeldBeforeStart, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
 from mjsched_isolated.store.output import PluginReloads, RunOutput
 from mjsched_isolated.store.records import (
@@ -263,6 +263,11 @@ class Store:
         """Of these runs of ``instance``, those it still holds, each with who asked to cancel it
         (:meth:`Leases.held_runs`)."""
         return self.leases.held_runs(tokens, instance)
+
+    def held_before_start(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, HeldBeforeStart]:
+        """:meth:`held_runs` with each held run's job status and next run time, for runs claimed ahead just
+        before their instant (:meth:`Leases.held_before_start`)."""
+        return self.leases.held_before_start(tokens, instance)
 
     def request_replace(self, job_id: int, token: str, requested_by: str) -> int:
         """Ask the holder of the job's lease to cancel its run (:meth:`Leases.request_replace`)."""

@@ -36,7 +36,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import sqlalchemy as sa
@@ -60,6 +60,15 @@ from mjsched_isolated.store.schema import jobs, runs, supervisors
 from mjsched_isolated.store.text import fit_json, fit_text
 
 log = logging.getLogger("mjsched.store")
+
+
+class HeldBeforeStart(NamedTuple):
+    """A run claimed ahead, still held, as :meth:`Leases.held_before_start` reads it just before its instant."""
+
+    cancel_requested_by: str | None  # who asked to cancel it (``runs cancel``, a replace request), or None
+    job_status: str | None  # its job's status now (None: the job row is gone)
+    next_run_at: dt.datetime | None  # its job's next_run_at now
+    retry_at: dt.datetime | None  # its job's pending retry, if any
 
 
 def _db_now_plus_bound(dialect: str, name: str) -> sa.ColumnElement:
@@ -992,6 +1001,31 @@ class Leases:
                 continue
             held[row["id"]] = ((row["cancel_requested_by"] or "someone")
                                if row["cancel_requested_at"] is not None else None)
+        return held
+
+    def held_before_start(self, tokens: Mapping[int, str | None], instance: str) -> dict[int, HeldBeforeStart]:
+        """:meth:`held_runs` for runs claimed ahead of their instant, just before it (one read): each held run
+        maps to who asked to cancel it (or None) and its job's ``status``, ``next_run_at`` and ``retry_at``
+        as they are now, so the supervisor can withdraw a run whose job was paused, disabled or re-planned
+        (an edit of its schedule) since the claim, before the plugin starts."""
+        if not tokens:
+            return {}
+        query = (sa.select(runs.c.id, runs.c.lock_token, runs.c.cancel_requested_at, runs.c.cancel_requested_by,
+                           jobs.c.lock_token.label("job_token"), jobs.c.status.label("job_status"),
+                           jobs.c.next_run_at, jobs.c.retry_at)
+                 .outerjoin(jobs, jobs.c.id == runs.c.job_id)
+                 .where(runs.c.id.in_(sorted(tokens)), runs.c.status == RunStatus.RUNNING,
+                        runs.c.executed_by_instance == instance))
+        with self.reader.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        held: dict[int, HeldBeforeStart] = {}
+        for row in rows:
+            token = tokens[row["id"]]
+            if row["lock_token"] != token or (token is not None and row["job_token"] != token):
+                continue
+            held[row["id"]] = HeldBeforeStart(
+                (row["cancel_requested_by"] or "someone") if row["cancel_requested_at"] is not None else None,
+                row["job_status"], row["next_run_at"], row["retry_at"])
         return held
 
     def request_cancel(self, run_id: int, requested_by: str) -> RunRow | None:

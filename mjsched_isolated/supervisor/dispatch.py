@@ -44,8 +44,9 @@ CONTENDED_FOR = dt.timedelta(seconds=30)
 # meanwhile it reads this many times its free slots and takes them in a random order within each instant: a
 # claim holds its rows for one statement only (PostgreSQL), too briefly for a peer's read to pass over them
 CONTENDED_READ = 3
-# a run claimed ahead: its cancel requests are read once more this long before its instant (RunGuard), so a
-# `runs cancel` while it waits stops it before its plugin starts
+# a run claimed ahead: its cancel requests and its job's status and next run time are read once more this long
+# before its instant (RunGuard.cancel_before_start), so a `runs cancel`, a `jobs pause` (disable, remove, or an
+# edit of its schedule) while it waits stops it before its plugin starts: the bound of docs/concepts/concurrency
 CANCEL_CHECK_BEFORE = dt.timedelta(milliseconds=50)
 # a fleet (PostgreSQL, MariaDB) divides the jobs among its live supervisors (store.jobs.Share): another's job is
 # taken only when its occurrence is this much older than this supervisor's own oldest due one (or than now):
@@ -794,9 +795,12 @@ class Dispatcher:
                                                                                        claims, strict=True):
             if claim is not None and pool is not None:
                 worker = pool.pop()
-            flights.append(None if claim is None else
-                           self._hand_over(job, worker, scheduled_at, request.deadline_at, timeout_s, claim, now,
-                                           request.missed, request.attempt, start_at=start_at))
+            flight = None if claim is None else self._hand_over(job, worker, scheduled_at, request.deadline_at,
+                                                                timeout_s, claim, now, request.missed,
+                                                                request.attempt, start_at=start_at)
+            if flight is not None and start_at is not None:
+                flight.planned_next = next_run_at  # an edit of the schedule before the instant is seen
+            flights.append(flight)
             if claim is not None and request.skipped:
                 self.metrics.occurrence_skipped("concurrency", request.skipped)
                 log.warning("job %s: %s occurrence%s after %s skipped: they came due while its run was live "

@@ -18,7 +18,7 @@ from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import first_line as _short
 from mjsched_isolated.isotime import iso
 from mjsched_isolated.store import Store
-from mjsched_isolated.store.leases import Outcome
+from mjsched_isolated.store.leases import HeldBeforeStart, Outcome
 from mjsched_isolated.supervisor.inflight import InFlight, log_ctx
 from mjsched_isolated.supervisor.limits import CPU_KILL_MARGIN_S, next_cpu_check_s
 from mjsched_isolated.supervisor.metrics import Metrics
@@ -219,27 +219,45 @@ class RunGuard:
 
     def cancel_before_start(self, now: dt.datetime) -> None:
         """Runs claimed ahead whose ``cancel_check_at`` (just before their instant) has come: one read of their
-        cancel requests (the renewal's query, for them alone), and those asked to be cancelled are, before
-        their workers start the plugins (recorded never started). A request that comes later is acted on at
-        the next renewal, as for any live run."""
+        cancel requests and their jobs' status and next run time (:meth:`Store.held_before_start`). Before
+        their workers start the plugins (recorded never started, not run again): those asked to be cancelled
+        are cancelled; those whose job was paused, disabled or otherwise made not Active, or re-planned by
+        an edit of its schedule so that this instant is no longer its next occurrence, are withdrawn; those
+        no longer held (the job removed, the lease taken over) are fenced. Something that comes later is
+        acted on at the next renewal, as for any live run (a pause then lets the run go on)."""
         due = [f for f in self.inflight.values() if f.cancel_check_at is not None and now >= f.cancel_check_at]
         if not due:
             return
         for flight in due:
             flight.cancel_check_at = None
         try:
-            held = self.store.held_runs({f.run_id: f.token for f in due}, self.settings.instance)
+            held = self.store.held_before_start({f.run_id: f.token for f in due}, self.settings.instance)
         except Exception:  # noqa: BLE001 - the renewal's check still comes
             return
-        self._act_on_cancels(held, now)
+        for flight in due:
+            if flight.run_id not in self.inflight:
+                continue
+            state = held.get(flight.run_id)
+            if state is None:
+                if flight.unstarted(now):  # a started run is fenced at the renewal, as before
+                    self.fence(flight, now, "its lease was taken over, the run was abandoned, or its job was "
+                                            "removed")
+            elif state.cancel_requested_by is not None:
+                self._act_on_cancels({flight.run_id: state.cancel_requested_by}, now)
+            elif flight.unstarted(now) and (why := _withdrawn_because(flight, state)) is not None:
+                log.info("run %d of job %s withdrawn before its instant %s: %s", flight.run_id, flight.job_name,
+                         iso(flight.recorded_start), why, extra=log_ctx(flight))
+                self.cancel(flight, now, why, retry=False, kill_reason="cancel")
 
-    def cancel(self, flight: InFlight, now: dt.datetime, reason: str, *, retry: bool = True) -> None:
+    def cancel(self, flight: InFlight, now: dt.datetime, reason: str, *, retry: bool = True,
+               kill_reason: str | None = None) -> None:
         """Kill one run's process tree at someone's request and record it Cancelled (lease released, not
         counted as a run or a failure). ``retry`` False: never retried (a run replaced by a newer occurrence,
-        concurrency_mode Replace), else retried only if the job's ``retry_on`` lists Cancelled."""
+        concurrency_mode Replace), else retried only if the job's ``retry_on`` lists Cancelled. ``kill_reason``:
+        the kill's metrics label (default ``cancel``, ``replace`` when not retried)."""
         del self.inflight[flight.run_id]
         self.pool.kill(flight.worker)
-        self.metrics.run_killed("cancel" if retry else "replace")
+        self.metrics.run_killed(kill_reason or ("cancel" if retry else "replace"))
         if flight.unstarted(now, self._reaped_at()):  # claimed ahead, cancelled before its instant: never started
             self.recorder.record_unstarted(flight, now, reason, again=False)
             return
@@ -377,3 +395,18 @@ def death_hint(exitcode: int | None, max_memory_mb: int | None, oom_evidence: bo
     if exitcode == -signal.SIGXFSZ:
         return ": it wrote past the file size limit"
     return ""
+
+
+def _withdrawn_because(flight: InFlight, state: HeldBeforeStart) -> str | None:
+    """Why a run claimed ahead must not start at its instant, judged on its job as read just before it
+    (:meth:`Store.held_before_start`), or None: its job is not Active any more (paused, disabled, expired by
+    an edit of ``end_at``), or its next run time is no longer the one the claim wrote nor this instant (an
+    edit of its schedule re-planned it from before the instant, and this instant was not its next
+    occurrence: not one of the new schedule's). A pending retry's time is not a re-plan."""
+    if state.job_status != "Active":
+        return f"its job became {state.job_status} before its instant"
+    nxt = state.next_run_at
+    if (flight.planned_next is None or flight.scheduled_at is None or nxt is None or nxt == flight.planned_next
+            or nxt <= flight.scheduled_at or nxt == state.retry_at):
+        return None
+    return f"its job's schedule was changed before its instant (next run {iso(nxt)})"

@@ -44,6 +44,9 @@ class InFlight:
         # claimed ahead: when to look for a cancel request (`runs cancel`) once more before the instant
         # (RunGuard.cancel_before_start; database time), None: not to
         self.cancel_check_at: dt.datetime | None = None
+        # claimed ahead: the job's next_run_at as the claim wrote it; another value just before the instant
+        # means the job was re-planned meanwhile (an edit of its schedule), None: not known
+        self.planned_next: dt.datetime | None = None
         self.recorded_start = started_at  # the run row's started_at (the claim's database time; never shifted)
         self.hard_deadline = planner.hard_deadline(job, started_at)
         self.output_seq = 0  # the next run_output row's seq (RunOutput messages are stored as they come)
