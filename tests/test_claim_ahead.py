@@ -163,6 +163,19 @@ def _handed_ahead(d, on_hand_over):
     d.pool.submit = wrapped
 
 
+def _waiting_ahead(make_driver, store):
+    """A driver (cap 1, claim_ahead_s 1) whose job "a" is due 1.5 s from now and whose run for that instant has
+    been claimed ahead and handed to its worker, which waits for the instant. Returns (driver, the ids of the
+    runs handed over so far, the instant)."""
+    d = make_driver(max_concurrent_jobs=1, claim_ahead_s=1.0)
+    handed: list[int] = []
+    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
+    instant = utcnow() + dt.timedelta(seconds=1.5)
+    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
+    d.until(lambda: len(handed) == 1)
+    return d, handed, instant
+
+
 @pytest.fixture
 def any_driver(any_store, shared_backend_url):
     """``driver_factory`` on each database (real workers)."""
@@ -213,12 +226,7 @@ def test_a_run_whose_worker_dies_before_its_instant_never_started_and_its_occurr
 
 def test_a_run_claimed_ahead_and_stopped_by_a_shutdown_before_its_instant_is_run_again(store, driver_factory):
     """A second signal (cancel_all) before the instant: never started, its occurrence pending as attempt 2."""
-    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
-    handed = []
-    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
-    instant = utcnow() + dt.timedelta(seconds=1.5)
-    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
-    d.until(lambda: len(handed) == 1)
+    d, handed, instant = _waiting_ahead(driver_factory, store)
     d.supervisor.cancel_all(d.supervisor.read_clock()[0], "interrupted by shutdown (second signal)")
     if d.pool.reaped_at >= instant.timestamp() - 0.01:
         pytest.skip("the machine was too loaded: the kill came after the instant (the run may have started)")
@@ -232,12 +240,7 @@ def test_a_run_claimed_ahead_and_stopped_by_a_shutdown_before_its_instant_is_run
 def test_a_shutdown_withdraws_a_run_claimed_ahead_before_its_instant(store, driver_factory):
     """Shutting down starts no new run: a run claimed ahead whose instant has not come is withdrawn at once
     (never started, its occurrence run again), not left to start during the drain."""
-    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
-    handed = []
-    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
-    instant = utcnow() + dt.timedelta(seconds=1.5)
-    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
-    d.until(lambda: len(handed) == 1)
+    d, handed, instant = _waiting_ahead(driver_factory, store)
     d.supervisor.begin_shutdown(d.supervisor.read_clock()[0])
     if d.supervisor.inflight or d.pool.reaped_at >= instant.timestamp() - 0.01:
         pytest.skip("the machine was too loaded: the shutdown came too near the instant to withdraw the run")
@@ -251,12 +254,7 @@ def test_runs_cancel_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin
     """`runs cancel` while a run claimed ahead waits: its supervisor reads the request just before the instant
     (not at its next lease renewal, 10 s away) and kills the worker first: recorded never started, not run
     again (it was cancelled), and the plugin never ran."""
-    d = driver_factory(max_concurrent_jobs=1, claim_ahead_s=1.0)
-    handed = []
-    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
-    instant = utcnow() + dt.timedelta(seconds=1.5)
-    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
-    d.until(lambda: len(handed) == 1)
+    d, handed, instant = _waiting_ahead(driver_factory, store)
     ops.cancel_run(store, handed[0], requested_by="alice@host")
     d.until(lambda: store.get_run(handed[0])["status"] != "Running")
     run = store.get_run(handed[0])
@@ -379,12 +377,7 @@ def test_jobs_pause_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_
     supervisor reads the job's status 50 ms before the instant and kills the worker first: never started,
     not run again, the plugin never ran (no details), the job Paused with nothing pending."""
     store = any_store
-    d = any_driver(max_concurrent_jobs=1, claim_ahead_s=1.0)
-    handed = []
-    _handed_ahead(d, lambda worker, request: handed.append(request.run_id))
-    instant = utcnow() + dt.timedelta(seconds=1.5)
-    add_job(store, "a", "ok", YEARLY, next_run_at=instant)
-    d.until(lambda: len(handed) == 1)
+    d, handed, instant = _waiting_ahead(any_driver, store)
     ops.pause_job(store, "a", utcnow())
     d.until(lambda: store.get_run(handed[0])["status"] != "Running")
     run = store.get_run(handed[0])
