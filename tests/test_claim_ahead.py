@@ -378,11 +378,20 @@ def test_jobs_pause_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_
     not run again, the plugin never ran (no details), the job Paused with nothing pending."""
     store = any_store
     d, handed, instant = _waiting_ahead(any_driver, store)
+    read_at: list[float] = []  # when the supervisor read the job's status before the instant
+    held_before_start = d.supervisor.store.held_before_start
+
+    def timed(*args, **kwargs):
+        read_at.append(time.time())
+        return held_before_start(*args, **kwargs)
+
+    d.supervisor.store.held_before_start = timed
     ops.pause_job(store, "a", utcnow())
     d.until(lambda: store.get_run(handed[0])["status"] != "Running")
     run = store.get_run(handed[0])
-    if not (run["error_message"] or "").startswith("never started") and d.pool.reaped_at >= instant.timestamp():
-        pytest.skip("the machine was too loaded: the loop woke after the instant (the run may have started)")
+    assert read_at, "the supervisor never read the job's status before starting the run"
+    if read_at[0] >= instant.timestamp() - 0.005:
+        pytest.skip("the machine was too loaded: the loop woke for its check at the instant (the run started)")
     assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None
     assert run["error_message"].startswith("never started: its job became Paused before its instant")
     assert d.pool.reaped_at < instant.timestamp()  # the worker was dead before the instant
