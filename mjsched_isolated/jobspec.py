@@ -315,3 +315,47 @@ def _aware(value: dt.datetime | None, zone: dt.tzinfo) -> dt.datetime | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=zone)
     return value.astimezone(dt.UTC)
+
+
+# A stored job row's numeric columns, as :func:`check` bounds them: (column, an int column?, low, high, low
+# excluded?). A value edited by hand into a SQLite file (which keeps text in a number column) or out of range
+# is found by :func:`stored_problem` before the supervisor computes with it.
+_STORED_NUMBERS: tuple[tuple[str, bool, float, float, bool], ...] = (
+    ("max_runtime_minutes", True, 1, MAX_RUNTIME_MINUTES, False),
+    *((field, True, low, high, False) for field, (low, high) in LIMIT_RANGES.items()),
+    ("max_queued", True, 1, planner.MAX_QUEUED, False),
+    ("max_retries", True, 0, MAX_RETRIES, False),
+    ("pause_after_failures", True, 1, 1_000_000, False),
+    ("max_jitter_s", False, 0, 86400, False),
+    ("missed_run_grace_s", False, 0, planner.MAX_RUN_TIMEOUT_S, True),
+    ("max_total_runtime_s", False, 0, planner.MAX_RUN_TIMEOUT_S, True),
+    ("retry_backoff_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+    ("retry_backoff_factor", False, 1, 100, False),
+    ("retry_backoff_max_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+    ("retry_max_jitter_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+)
+_NULLABLE = frozenset({"max_runtime_minutes", *LIMIT_RANGES, "pause_after_failures", "max_jitter_s",
+                       "missed_run_grace_s", "max_total_runtime_s", "retry_backoff_max_s", "retry_max_jitter_s"})
+
+
+def stored_problem(job: Mapping[str, Any]) -> InputError | None:
+    """What makes a stored job row's numeric columns unusable, naming the column: a value that is not a
+    number (text kept by SQLite in a number column) or out of the range :func:`check` allows (edited by hand
+    around the CLI, on any database). None when all are fine. The supervisor sets such a job aside, ``check``
+    reports it: one bad row must not stop the others."""
+    for field, integer, low, high, open_low in _STORED_NUMBERS:
+        value = job.get(field)
+        if value is None:
+            if field in _NULLABLE:
+                continue
+            return InputError(field, "is empty (NULL) in the database; set a value with `jobs update`")
+        kind = type(value)
+        if kind is not int and (integer or kind is not float) and (
+                isinstance(value, bool) or not isinstance(value, int if integer else (int, float))):
+            return InputError(field, f"{value!r} in the database is not {'an integer' if integer else 'a number'}"
+                                     " (edited by hand?); set it with `jobs update`")
+        if not (low < value <= high if open_low else low <= value <= high):
+            bounds = f"more than {low:g} and at most {high:g}" if open_low else f"from {low:g} to {high:g}"
+            return InputError(field, f"{value!r} in the database is out of range ({bounds}; edited by hand?); "
+                                     "set it with `jobs update`")
+    return None

@@ -552,6 +552,8 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
     job = store.get_job(name)
+    if (problem := jobspec.stored_problem(job)) is not None:  # a number edited by hand: named, not run
+        raise problem
     paused = job["status"] == JobStatus.PAUSED
     if paused and on_paused is not None:
         on_paused(job_view(job))
@@ -645,6 +647,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
         except InputError as exc:
             problems.append(f"jobs file: {exc}")
     jobs: list[JobRow] = []
+    bad_times: dict[int, tuple[str, str]] = {}
     try:  # read-only: a SQLite file that does not exist is a problem (a typo in --db), not a new database
         store = open_store(settings.database_url, must_exist=True)
     except InputError as exc:
@@ -654,6 +657,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
     else:
         try:
             jobs = store.list_jobs()
+            bad_times = store.unreadable_time_window()
         finally:
             store.close()
         notes.append(f"database schema: up to date ({migrate.head_revision()})")
@@ -668,6 +672,11 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
             cron.validate(job["cron_expression"], job["timezone"])
         except InputError as exc:
             problem(job, str(exc))
+        if (stored := jobspec.stored_problem(job)) is not None:
+            problem(job, str(stored))
+        if job["id"] in bad_times:
+            field, raw = bad_times[job["id"]]
+            problem(job, f"{field}: {raw[:40]!r} in the database is not a timestamp (edited by hand?)")
     checks = [(job["job_type"], job["configuration"]) for job in jobs]
     for job, error in zip(jobs, inspect_plugins(settings, checks).errors if checks else []):
         if error is not None:

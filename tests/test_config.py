@@ -183,6 +183,31 @@ def test_check_is_zero_when_all_is_well_and_lists_each_problem(cli, tmp_path):
     assert broken.returncode == 1 and "broken_import.py: failed to import" in broken.stdout, broken.stdout
 
 
+def test_check_and_jobs_run_name_a_number_or_time_edited_by_hand(cli, tmp_path):
+    """SQLite keeps text in a number or timestamp column: `check` names the job and field, `jobs run`
+    refuses with exit 2 (the supervisor sets such a job aside: tests/test_supervisor.py)."""
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    store = Store.open(db)
+    try:
+        for name in ("stall", "far", "garbage-start", "good"):
+            add_job(store, name, "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}))
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET max_runtime_minutes = 'abc' WHERE name = 'stall'"))
+            conn.execute(sa.text("UPDATE jobs SET max_jitter_s = 1e300 WHERE name = 'far'"))
+            conn.execute(sa.text("UPDATE jobs SET start_at = 'garbage' WHERE name = 'garbage-start'"))
+    finally:
+        store.close()
+    bad = cli("check", "--db", db, "--plugins", PLUGINS, "--json")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    problems = "\n".join(json.loads(bad.stdout)["problems"])
+    assert "job stall: max_runtime_minutes: 'abc' in the database is not an integer" in problems
+    assert "job far: max_jitter_s: 1e+300 in the database is out of range" in problems
+    assert "job garbage-start: start_at: 'garbage' in the database is not a timestamp" in problems
+    assert "good" not in problems and len(json.loads(bad.stdout)["problems"]) == 3, problems
+    run = cli("jobs", "run", "stall", "--db", db, "--plugins", PLUGINS)
+    assert run.returncode == 2 and "max_runtime_minutes" in run.stderr, run.stderr
+
+
 def test_check_validates_the_configured_jobs_file(cli, tmp_path):
     jobs_file = tmp_path / "jobs.toml"
     jobs_file.write_text("[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n"

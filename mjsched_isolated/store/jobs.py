@@ -455,7 +455,42 @@ def unreadable_next_run_at_chunk(engine: Engine, after_id: int, limit: int) -> t
 
 def _unreadable_next_run_at() -> sa.ColumnElement[bool]:
     """SQLite: a ``next_run_at`` that is not text in the store's exact form (:data:`schema.SQLITE_EXACT_FORM`)."""
-    col = sa.type_coerce(jobs.c.next_run_at, sa.String)
-    exact = col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
-    return sa.and_(jobs.c.next_run_at.is_not(None),
-                   sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text", sa.not_(exact)))
+    return sa.and_(jobs.c.next_run_at.is_not(None), _not_exact(jobs.c.next_run_at))
+
+
+def _not_exact(column: sa.Column[Any]) -> sa.ColumnElement[bool]:
+    """SQLite: ``column`` holds something other than text in the store's exact form."""
+    exact = sa.type_coerce(column, sa.String).op("GLOB", is_comparison=True)(
+        sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
+    return sa.or_(sa.func.typeof(column) != "text", sa.not_(exact))
+
+
+TIME_WINDOW_COLUMNS = ("start_at", "end_at")
+
+
+def unreadable_time_window(engine: Engine, after_id: int = 0, limit: int | None = None) -> dict[int, tuple[str, str]]:
+    """SQLite: the jobs (among the next ``limit`` ids after ``after_id``; every job when ``limit`` is None)
+    whose ``start_at`` or ``end_at`` holds a value that is not a timestamp (text edited by hand, which reads
+    as unset): job id -> (column, the stored value as text). Elsewhere the column type refuses such a value:
+    always empty."""
+    if engine.dialect.name != "sqlite":
+        return {}
+    raw = [sa.type_coerce(getattr(jobs.c, name), sa.String).label(name) for name in TIME_WINDOW_COLUMNS]
+    query = sa.select(jobs.c.id, *raw).where(
+        jobs.c.id > after_id, sa.or_(*(sa.and_(getattr(jobs.c, name).is_not(None), _not_exact(getattr(jobs.c, name)))
+                                       for name in TIME_WINDOW_COLUMNS)))
+    if limit is not None:
+        window = sa.select(jobs.c.id).where(jobs.c.id > after_id).order_by(jobs.c.id).limit(limit).subquery()
+        query = query.where(jobs.c.id <= sa.select(sa.func.max(window.c.id)).scalar_subquery())
+    found: dict[int, tuple[str, str]] = {}
+    with engine.connect() as conn:
+        for row in conn.execute(query):
+            for name in TIME_WINDOW_COLUMNS:
+                value = getattr(row, name)
+                if value is None or found.get(row.id):
+                    continue
+                try:
+                    dt.datetime.fromisoformat(str(value))
+                except ValueError:
+                    found[row.id] = (name, str(value))
+    return found

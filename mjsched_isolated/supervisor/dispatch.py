@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from mjsched_isolated import notices, planner, protocol
+from mjsched_isolated import jobspec, notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
 from mjsched_isolated.errors import first_line as _short
@@ -125,6 +125,12 @@ class Dispatcher:
         self.abandon_orphans(now)
         self.replace_others(now)
         # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
+        window = self.store.unreadable_time_window(self._unreadable_after, UNREADABLE_SWEEP_ROWS)
+        for job_id, (field, raw) in window.items():  # read as unset, it would run outside its window
+            row = self.store.get_job_by_id(job_id)
+            if row is not None:
+                self._mark_bad(row, f"{field}: {raw[:40]!r} in the database is not a timestamp (edited by hand?); "
+                                    "set it with `jobs update`")
         found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
                                                                                UNREADABLE_SWEEP_ROWS)
         for job in found:
@@ -292,6 +298,10 @@ class Dispatcher:
             if worker is None:
                 if job["job_type"] not in known and not self.coming(job["job_type"]):
                     self.unrunnable[job["id"]] = job["job_type"]
+                continue
+            problem = jobspec.stored_problem(job)
+            if problem is not None:
+                self._mark_bad(job, str(problem))
                 continue
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
             deadline = now + dt.timedelta(seconds=timeout_s)
@@ -477,6 +487,10 @@ class Dispatcher:
     def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None, JobRow]:
         """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it, the
         job as it is to be claimed: a RunAll catch-up cut to its backlog claims its oldest kept occurrence)."""
+        problem = jobspec.stored_problem(job)  # a number edited by hand: this job alone is set aside
+        if problem is not None:
+            self._mark_bad(job, str(problem))
+            return False, None, job
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
