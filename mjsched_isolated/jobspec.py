@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import msgspec
 from mjsched_isolated import cron, planner
 from mjsched_isolated.config import LIMIT_RANGES, is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
-from mjsched_isolated.errors import InputError, msgspec_field_error
+from mjsched_isolated.errors import InputError, msgspec_field_error, not_utf8, require_utf8
 from mjsched_isolated.protocol import MAX_TEXT_BYTES
 
 JOB_STATUSES = values(JobStatus)
@@ -116,6 +116,9 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     if spec.configuration is not None and nesting_depth(spec.configuration, MAX_CONFIGURATION_DEPTH) > \
             MAX_CONFIGURATION_DEPTH:
         fail("configuration", f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
+    for field, text in _texts(spec):  # a byte that was not UTF-8 (a lone surrogate): refused before it is written
+        if (error := not_utf8(field, text)) is not None:
+            fail(field, error.message)
     if spec.description is not None and _CONTROL_BUT_LAYOUT.search(spec.description):
         fail("description", "must not contain control characters other than tab and newline")
     for field, value in (("description", spec.description),
@@ -168,6 +171,38 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("end_at", "must be after start_at")
     return msgspec.structs.replace(spec, start_at=start_at, end_at=end_at,
                                    cron_expression=" ".join(spec.cron_expression.split()))
+
+
+def _texts(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """Every text of ``spec`` with its field: the text fields, list items, and the configuration's keys and
+    string values (``configuration.a.b[0]``)."""
+    for field in ("name", "job_type", "cron_expression", "timezone", "description", "status", "concurrency_mode",
+                  "missed_run_policy", "dst_gap_policy", "dst_fold_policy"):
+        value = getattr(spec, field)
+        if isinstance(value, str):
+            yield field, value
+    for field in ("notify_recipients", "retry_on"):
+        for i, item in enumerate(getattr(spec, field) or []):
+            if isinstance(item, str):
+                yield f"{field}[{i}]", item
+    if spec.configuration is not None:
+        yield from _nested_texts("configuration", spec.configuration)
+
+
+def _nested_texts(path: str, value: Any) -> Iterator[tuple[str, str]]:
+    """The strings in ``value`` (keys too), with their paths; a loop, not recursion: any depth is fine."""
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str):
+                    yield where, key
+                    stack.append((f"{where}.{key}", child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
 
 
 def _check_retries(spec: JobSpec, fail: Any) -> None:
@@ -235,6 +270,7 @@ def parse_configuration(text: str, field: str = "configuration") -> dict[str, An
     JSON, not an object, repeats a key in one object (JSON would keep the last silently) or nests deeper than
     :data:`MAX_CONFIGURATION_DEPTH` levels."""
     too_deep = InputError(field, f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
+    require_utf8(field, text)  # else JSON would report a malformed surrogate pair, or the driver a traceback
     try:
         value = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as exc:

@@ -476,3 +476,39 @@ def test_runs_list_limit_beyond_what_a_database_integer_holds_is_one_line(cli, t
     line = _error_line(cli("runs", "list", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--limit",
                            "99999999999999999999", expect=2))
     assert line.startswith("error: --limit: must be an integer from 1 to"), line
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_the_field_and_nothing_is_written(cli):
+    """A byte that is not UTF-8 in an argument (a Latin-1 terminal: Python gives a lone surrogate) is refused
+    like any bad input, exit 2, naming the field, never a driver's traceback; the Python API says the same."""
+    cli("jobs", "add", "hello", "--type", "shell", "--cron", "@daily", "--configuration", '{"command": ["true"]}')
+    latin1 = "caf\udce9"  # b"caf\xe9" decoded from argv
+    for args, field in (
+            (("jobs", "add", latin1, "--type", "shell", "--cron", "@daily", "--configuration",
+              '{"command": ["true"]}'), "name"),
+            (("jobs", "update", "hello", "--description", latin1), "description"),
+            (("jobs", "pause", latin1), "name"),
+            (("jobs", "show", latin1), "name"),
+            (("jobs", "remove", latin1), "name"),
+            (("runs", "list", "--job", latin1), "name"),
+            (("jobs", "add", "x", "--type", "shell", "--cron", "@daily", "--configuration",
+              '{"command": ["' + latin1 + '"]}'), "configuration")):
+        line = _error_line(cli(*args, expect=2))
+        assert "not UTF-8" in line and field in line.split(":")[1], line
+    names = [j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)]
+    assert names == ["hello"] and "jobs" not in names
+    assert json.loads(cli("jobs", "show", "hello", "--json").stdout)["description"] is None
+
+
+def test_the_client_refuses_a_lone_surrogate_with_an_input_error(tmp_path):
+    from mjsched_isolated import Client
+
+    client = Client(f"sqlite:///{tmp_path / 'c.db'}", plugins_dir=FIXTURE_PLUGINS)
+    try:
+        with pytest.raises(InputError, match=r"^name: is not UTF-8 text"):
+            client.add_job("a\ud800b", job_type="shell", cron_expression="@daily", configuration={"command": ["true"]})
+        with pytest.raises(InputError, match=r"^name: is not UTF-8"):
+            client.pause_job("a\ud800b")
+        assert client.jobs() == []
+    finally:
+        client.close()

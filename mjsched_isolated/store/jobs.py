@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, RunStatus
-from mjsched_isolated.errors import InputError, NotFoundError
+from mjsched_isolated.errors import InputError, NotFoundError, require_utf8
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.errors import is_constraint_violation
@@ -85,6 +85,7 @@ class Jobs:
 
     def update_job(self, name: str, values: Values, now: dt.datetime) -> None:
         """Update the given (non-lease) columns of job ``name``. Raises :class:`NotFoundError`."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         stmt = jobs.update().where(jobs.c.name == name).values(**_with_json_configuration(values), updated_at=now)
         with self.engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
@@ -118,6 +119,7 @@ class Jobs:
 
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
             job_runs = sa.select(runs.c.id).where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name)))
             RunOutput.delete_for_runs(conn, job_runs)
@@ -130,6 +132,7 @@ class Jobs:
 
     def get_job(self, name: str) -> JobRow:
         """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.name == name)).mappings().first()
         if row is None:
