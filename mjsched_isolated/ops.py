@@ -227,11 +227,14 @@ def get_job(store: Store, name: str) -> Row:
 PENDING_SHOWN = 10  # pending backfill entries listed by get_job (the count is exact)
 
 
+MAX_LIMIT = 2**31 - 1  # every database's INTEGER holds it (SQLite overflowed past 2**63 with a traceback)
+
+
 def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 50) -> list[Row]:
-    """Runs newest first. Raises :class:`InputError` on ``limit`` (< 1) or ``status``;
-    :class:`NotFoundError` (field ``name``) for an unknown ``job``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError("limit", f"must be a positive integer, got {limit!r}")
+    """Runs newest first. Raises :class:`InputError` on ``limit`` (not an integer from 1 to
+    :data:`MAX_LIMIT`) or ``status``; :class:`NotFoundError` (field ``name``) for an unknown ``job``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InputError("limit", f"must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     if status is not None and status not in RUN_STATUSES:
         raise InputError("status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     return [run_view(r) for r in store.list_runs(job_name=job, status=status, limit=limit)]
