@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -512,3 +513,38 @@ def test_the_client_refuses_a_lone_surrogate_with_an_input_error(tmp_path):
         assert client.jobs() == []
     finally:
         client.close()
+
+
+HANGING_VALIDATE = '''
+import time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Stuck(BaseScheduledJob):
+    job_type = "stuck"
+
+    def validate_configuration(self, configuration):
+        time.sleep(3600)
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
+'''
+
+
+def test_a_hanging_validate_configuration_is_a_bounded_wait_naming_the_plugin_and_step(cli, tmp_path, monkeypatch):
+    """`jobs add` waited ~76 s for a plugin's validate_configuration that hangs, then blamed the import: the
+    wait is bounded (inspection.VALIDATE_TIMEOUT_S), the error names the job type and the step, exit 2."""
+    from mjsched_isolated.supervisor import inspection
+
+    monkeypatch.setattr(inspection, "VALIDATE_TIMEOUT_S", 1.0)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "stuck.py").write_text(HANGING_VALIDATE)
+    started = time.monotonic()
+    line = _error_line(cli("jobs", "add", "s", "--type", "stuck", "--cron", "@daily", "--plugins", str(plugins),
+                           expect=2))
+    assert time.monotonic() - started < 20
+    assert line.startswith("error: configuration: ") and "'stuck'" in line and "validate_configuration" in line, line
+    assert "did not answer within 1 s" in line, line
+    listed = cli("jobs", "list", "--json", expect=None)  # nothing written: no job, or no database at all
+    assert listed.returncode == 2 or json.loads(listed.stdout) == [], listed
