@@ -444,6 +444,14 @@ def make_spec(fields: Mapping[str, Any], where: str = "") -> JobSpec:
     return jobspec.check(spec, where)
 
 
+def require_plugins_dir(settings: Settings) -> None:
+    """Raise :class:`InputError` (``plugins_dir``) when an explicitly named plugins folder (``--plugins``,
+    ``MJSCHED_PLUGINS_DIR``, ``plugins_dir``) does not exist: a wrong working directory or a host not yet
+    updated, whose jobs would be checked, or run, without its plugins."""
+    if settings.plugins_dir is not None and not Path(settings.plugins_dir).is_dir():
+        raise InputError("plugins_dir", f"plugins folder {settings.plugins_dir!r} does not exist or is not a folder")
+
+
 def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
                             prefix: Callable[[int], str] = lambda i: "") -> None:
     """Ask a worker child whether each spec's ``job_type`` exists and its configuration is valid. The child
@@ -451,6 +459,7 @@ def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
     a job type whose file no longer imports but which serve keeps running (its last good version) is
     accepted, with a warning naming the broken file (logged). Raises :class:`InputError` naming
     ``<prefix(i)>job_type`` or ``<prefix(i)>configuration.<path>``."""
+    require_plugins_dir(settings)
     checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
     report = inspect_plugins(settings, checks, borrow_good_plugins=True)
     for i, error in enumerate(report.errors):
@@ -554,6 +563,7 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     from mjsched_isolated.supervisor import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
+    require_plugins_dir(settings)
     job = store.get_job(name)
     if (problem := jobspec.stored_problem(job)) is not None:  # a number edited by hand: named, not run
         raise problem

@@ -548,3 +548,23 @@ def test_a_hanging_validate_configuration_is_a_bounded_wait_naming_the_plugin_an
     assert "did not answer within 1 s" in line, line
     listed = cli("jobs", "list", "--json", expect=None)  # nothing written: no job, or no database at all
     assert listed.returncode == 2 or json.loads(listed.stdout) == [], listed
+
+
+def test_jobs_add_and_run_refuse_a_plugins_folder_that_does_not_exist(cli, tmp_path, monkeypatch):
+    """As serve, plugins list and check do: an explicitly named folder that does not exist is an error, by
+    --plugins, MJSCHED_PLUGINS_DIR or the configuration file; nothing is written, nothing runs."""
+    cli("jobs", "add", "hello", "--type", "shell", "--cron", "@daily", "--configuration", '{"command": ["true"]}')
+    missing = str(tmp_path / "nonexistent")
+    config_file = tmp_path / "mjsched.toml"
+    config_file.write_text(f"plugins_dir = {missing!r}\n")
+    for how, env in ((("--plugins", missing), {}), ((), {"MJSCHED_PLUGINS_DIR": missing}),
+                     (("--config", str(config_file)), None)):
+        if env is None:  # the configuration file's plugins_dir: no environment variable over it
+            monkeypatch.delenv("MJSCHED_PLUGINS_DIR")
+        add = cli("jobs", "add", "x", "--type", "shell", "--cron", "@daily", "--configuration",
+                  '{"command": ["true"]}', *how, expect=2, env=env)
+        assert "plugins_dir" in _error_line(add) and "does not exist" in _error_line(add), add
+        run = cli("jobs", "run", "hello", *how, expect=2, env=env)
+        assert "does not exist" in _error_line(run), run
+    assert [j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)] == ["hello"]
+    assert json.loads(cli("runs", "list", "--json").stdout) == []

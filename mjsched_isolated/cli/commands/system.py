@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import socket
-from pathlib import Path
 
 from mjsched_isolated import config, cron, ops, proctree
 from mjsched_isolated.cli import render
@@ -34,10 +33,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     if (foreign_proc := proctree.foreign_proc()) is not None:  # every worker would be judged by a stranger's pid
         raise InputError("/proc", foreign_proc)
-    if settings.plugins_dir is not None and not Path(settings.plugins_dir).is_dir():
-        # a wrong working directory or a host not yet updated: serving without its plugins would leave
-        # (or, before, skip) every occurrence of their job types
-        raise InputError("plugins_dir", f"plugins folder {settings.plugins_dir!r} does not exist or is not a folder")
+    # a wrong working directory or a host not yet updated: serving without its plugins would leave (or,
+    # before, skip) every occurrence of their job types
+    ops.require_plugins_dir(settings)
     jobs_file = config.default_jobs_file(settings)
     metrics = metrics_mod.for_settings(settings)
     metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
