@@ -568,3 +568,32 @@ def test_jobs_add_and_run_refuse_a_plugins_folder_that_does_not_exist(cli, tmp_p
         assert "does not exist" in _error_line(run), run
     assert [j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)] == ["hello"]
     assert json.loads(cli("runs", "list", "--json").stdout) == []
+
+
+CLOSES_ITS_FDS = '''
+import os
+import time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Closer(BaseScheduledJob):
+    job_type = "closer"
+
+    def execute(self, context):
+        os.closerange(0, 1024)
+        time.sleep(60)
+        return ScheduledJobResult(success=True)
+'''
+
+
+def test_a_run_whose_plugin_closes_the_worker_pipe_says_the_supervisor_killed_it_and_why(cli, tmp_path):
+    """The pool kills a worker whose pipe broke: not "not sent by this supervisor ... a person killed it"."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "closer.py").write_text(CLOSES_ITS_FDS)
+    cli("jobs", "add", "c", "--type", "closer", "--cron", "@daily", "--plugins", str(plugins))
+    cli("jobs", "run", "c", "--plugins", str(plugins), expect=None)
+    run = json.loads(cli("runs", "list", "--job", "c", "--json").stdout)[0]
+    assert run["status"] == "Failed", run
+    assert "killed by this supervisor during the run: its pipe to the supervisor was closed" in run["error_message"]
+    assert "os.closerange" in run["error_message"] and "not sent by this supervisor" not in run["error_message"]

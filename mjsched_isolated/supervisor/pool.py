@@ -93,6 +93,7 @@ class Worker:
         self.cgroup: cgroups.WorkerCgroup | None = None  # its own cgroup, if cgroups are used
         self.terminating: Any = None  # shared byte: set before SIGTERM at a deadline (worker/main.py _on_sigterm)
         self.oom_kills: int | None = None  # its cgroup's out-of-memory kills when its run (with a memory limit) began
+        self.pipe_trouble: str | None = None  # why its pipe was given up (closed, garbage): it is killed if alive
 
     @property
     def pid(self) -> int:
@@ -116,6 +117,8 @@ class ChildEvent(msgspec.Struct):
     culprit: str | None = None
     oom_killed: bool = False
     oom_evidence: bool | None = None
+    # this pool killed the child, still alive when reaped, because of its pipe: why (else None)
+    killed_for: str | None = None
 
 
 def keep_dir_prefix(plugins_dir: str | None, *, probe: bool = False) -> str:
@@ -512,9 +515,11 @@ class Pool:
                     worker.retiring = message.retiring
                 events.append(ChildEvent(worker=worker, message=message))
         except (EOFError, OSError):
+            worker.pipe_trouble = "its pipe to the supervisor was closed or broke"
             return True
         except ProtocolError:
             log.exception("worker slot %d: child %d sent an undecodable message; replacing it", worker.slot, worker.pid)
+            worker.pipe_trouble = "it sent an undecodable message on its pipe to the supervisor"
             return True
         return False
 
@@ -522,8 +527,10 @@ class Pool:
         """Record a dead (or misbehaving) child, clean up its tree, and schedule the slot's refill.
         ``is_alive`` never blocks; a child still alive here (garbage on its pipe, or a plugin writing into
         the sentinel pipe) is killed before it is joined, so ``join`` cannot hang on it."""
+        killed_for = None
         if worker.process.is_alive():
             self._kill_tree(worker)
+            killed_for = worker.pipe_trouble or "it misbehaved on its pipe to the supervisor"
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
         # the cgroup's out-of-memory kills since the run began (since the worker began for a run without a
@@ -536,7 +543,7 @@ class Pool:
         code = worker.process.exitcode
         culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})", code)
         event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
-                           oom_killed=oom_killed, oom_evidence=oom_evidence)
+                           oom_killed=oom_killed, oom_evidence=oom_evidence, killed_for=killed_for)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
 
