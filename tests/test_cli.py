@@ -203,7 +203,8 @@ def test_a_job_whose_end_at_has_passed_is_added_expired(cli):
     assert "added (Expired)" in out
     job = json.loads(cli("jobs", "show", "late", "--json").stdout)
     assert (job["status"], job["next_run_at"]) == ("Expired", None)
-    assert "expired" in cli("jobs", "resume", "late").stdout
+    resumed = cli("jobs", "resume", "late", expect=1)  # not resumed: said, and not 0
+    assert "not resumed: its end_at 2020-01-01" in resumed.stderr and "--end-at" in resumed.stderr, resumed
     assert json.loads(cli("jobs", "show", "late", "--json").stdout)["status"] == "Expired"
 
 
@@ -229,7 +230,7 @@ def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path
         if "hang: run" in line:
             break
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 130
+    assert proc.wait(30) == 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
     run = store.list_runs(job_name="stuck")[0]
     assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
     assert store.get_job("stuck")["lock_token"] is None
