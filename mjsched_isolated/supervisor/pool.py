@@ -530,7 +530,8 @@ class Pool:
         killed_for = None
         if worker.process.is_alive():
             self._kill_tree(worker)
-            killed_for = worker.pipe_trouble or "it misbehaved on its pipe to the supervisor"
+            # no trouble read on its pipe: its end of the exit sentinel (a pipe too) was closed while it ran
+            killed_for = worker.pipe_trouble or "its pipe to the supervisor was closed or broke"
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
         # the cgroup's out-of-memory kills since the run began (since the worker began for a run without a
