@@ -314,12 +314,22 @@ def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]
         values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
     except (OverflowError, ValueError) as exc:
         detail = exc.message if isinstance(exc, InputError) else str(exc)
-        if values.get("start_at"):
-            raise InputError("start_at", f"no occurrence can be computed from it ({detail})") from None
+        if values.get("start_at") and _fires_from(values, now):  # the dates ran out after start_at
+            raise InputError("start_at", f"no occurrence of {values.get('cron_expression')!r} follows it before "
+                                         "the last date this scheduler can compute (9999-12-31T23:59:59Z); choose "
+                                         "an earlier start_at") from None
         raise InputError("cron_expression", f"never fires: no occurrence can be computed ({detail})") from None
     if active and values["next_run_at"] is None:
         values["status"] = "Expired"
     return values
+
+
+def _fires_from(values: Mapping[str, Any], now: dt.datetime) -> bool:
+    """True when the schedule of ``values`` has an occurrence after ``now`` (its start_at left out)."""
+    try:
+        return planner.initial_next_run_at({**values, "start_at": None, "end_at": None}, now) is not None
+    except (OverflowError, ValueError):
+        return False
 
 
 def load_file(path: str | Path) -> list[JobSpec]:

@@ -598,3 +598,14 @@ def test_a_run_whose_plugin_closes_the_worker_pipe_says_the_supervisor_killed_it
     assert run["status"] == "Failed", run
     assert "killed by this supervisor during the run: its pipe to the supervisor was closed" in run["error_message"]
     assert "os.closerange" in run["error_message"] and "not sent by this supervisor" not in run["error_message"]
+
+
+def test_a_start_at_too_late_for_any_occurrence_names_its_range_not_the_cron(cli):
+    line = _error_line(cli("jobs", "add", "far", "--type", "ok", "--cron", "0 0 * * *", "--start-at",
+                           "9999-12-31T23:59:00Z", expect=2))
+    assert line.startswith("error: start_at: no occurrence of '0 0 * * *' follows it before") and "9999-12-31" in line
+    assert "invalid cron expression" not in line, line
+    # a schedule that never fires is the cron's fault, start_at or not
+    line = _error_line(cli("jobs", "add", "feb30", "--type", "ok", "--cron", "0 0 30 2 *", "--start-at",
+                           "2030-01-01T00:00:00Z", expect=2))
+    assert line.startswith("error: cron_expression: never fires"), line
