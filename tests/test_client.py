@@ -170,3 +170,18 @@ def test_run_ids_out_of_range_are_not_found_not_an_overflow(client, run_id):
         with pytest.raises(InputError) as err:
             call(run_id)
         assert err.value.field == "id"
+
+
+def test_backfill_job_errors_name_its_parameters(client):
+    """Not the CLI's --from/--to/--max words: start, end, max_occurrences."""
+    client.add_job("b", job_type="ok", cron_expression="0 * * * *")
+    now = dt.datetime.now(dt.UTC)
+    for kwargs, field in (({"start": "yesterday", "end": now}, "start"),
+                          ({"start": now - dt.timedelta(hours=2), "end": "now"}, "end"),
+                          ({"start": now - dt.timedelta(hours=1), "end": now - dt.timedelta(hours=2)}, "end"),
+                          ({"start": dt.datetime(1960, 1, 1, tzinfo=dt.UTC), "end": now}, "start"),
+                          ({"start": now - dt.timedelta(hours=1), "end": now, "max_occurrences": 0}, "max_occurrences"),
+                          ({"start": now - dt.timedelta(days=30), "end": now, "max_occurrences": 3}, "max_occurrences")):
+        with pytest.raises(InputError) as err:
+            client.backfill_job("b", **kwargs)
+        assert err.value.field == field, (kwargs, err.value)
