@@ -180,8 +180,10 @@ def test_backfill_job_errors_name_its_parameters(client):
                           ({"start": now - dt.timedelta(hours=2), "end": "now"}, "end"),
                           ({"start": now - dt.timedelta(hours=1), "end": now - dt.timedelta(hours=2)}, "end"),
                           ({"start": dt.datetime(1960, 1, 1, tzinfo=dt.UTC), "end": now}, "start"),
-                          ({"start": now - dt.timedelta(hours=1), "end": now, "max_occurrences": 0}, "max_occurrences"),
-                          ({"start": now - dt.timedelta(days=30), "end": now, "max_occurrences": 3}, "max_occurrences")):
+                          ({"start": now - dt.timedelta(hours=1), "end": now, "max_occurrences": 0},
+                           "max_occurrences"),
+                          ({"start": now - dt.timedelta(days=30), "end": now, "max_occurrences": 3},
+                           "max_occurrences")):
         with pytest.raises(InputError) as err:
             client.backfill_job("b", **kwargs)
         assert err.value.field == field, (kwargs, err.value)
