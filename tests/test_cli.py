@@ -609,3 +609,16 @@ def test_a_start_at_too_late_for_any_occurrence_names_its_range_not_the_cron(cli
     line = _error_line(cli("jobs", "add", "feb30", "--type", "ok", "--cron", "0 0 30 2 *", "--start-at",
                            "2030-01-01T00:00:00Z", expect=2))
     assert line.startswith("error: cron_expression: never fires"), line
+
+
+@pytest.mark.parametrize("body", ["[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n",
+                                  "[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = '@daily'\n"
+                                  "[jobs.configuration]\ncommand = []\n"])
+def test_serve_with_an_invalid_jobs_file_creates_no_database(cli, tmp_path, body):
+    """The file (its configurations too) is checked before anything is created: exit 2, no database file."""
+    jobs_file = tmp_path / "jobs.toml"
+    jobs_file.write_text(body)
+    db = tmp_path / "fresh.db"
+    line = _error_line(cli("serve", "--db", f"sqlite:///{db}", "--jobs", str(jobs_file), "--run-for", "0", expect=2))
+    assert f"{jobs_file}: jobs[0]." in line, line
+    assert not db.exists()

@@ -37,6 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # before, skip) every occurrence of their job types
     ops.require_plugins_dir(settings)
     jobs_file = config.default_jobs_file(settings)
+    # checked (configurations by their plugins) before the database is opened: a bad file creates nothing
+    specs = ops.load_jobs_file(settings, jobs_file) if jobs_file else None
     metrics = metrics_mod.for_settings(settings)
     metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
     pool = Pool.from_settings(settings)
@@ -62,8 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         holder = store.instance_holder(settings.instance, socket.gethostname(), os.getpid())
         if holder is not None:  # before the jobs file is synced: nothing written (a race is caught at registration)
             raise InstanceInUseError(holder)
-        if jobs_file:
-            created, updated = ops.sync_jobs(store, settings, jobs_file, utcnow())
+        if jobs_file and specs is not None:
+            created, updated = ops.apply_jobs(store, specs, utcnow())
             log.info("jobs file %s synced: %d created, %d updated", jobs_file, created, updated)
         return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
     finally:
