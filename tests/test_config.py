@@ -56,6 +56,8 @@ def test_config_file_named_by_environment(tmp_path):
     ("[metrics]\nport = 70000\n", "metrics.port"),
     ("[recycling]\nmax_tasks_per_child = 0\n", "recycling.max_tasks_per_child"),
     ("lease_ttl_s = 3\n", "lease_renew_interval_s"),
+    ("heartbeat_lease_s = 120\n", "heartbeat_lease_s"),  # below heartbeat_interval_s (300): would lapse
+    ("heartbeat_interval_s = 60\nheartbeat_lease_s = 60\n", "heartbeat_lease_s"),
     ("log_format = 'xml'\n", "log_format"),
     ("max_concurrent_jobs = 3\nmax_concurrent_jobs = 4\n", "--config"),  # not valid TOML
 ])
@@ -306,3 +308,11 @@ def test_serve_reports_a_bad_file_value_a_flag_overrides(cli, tmp_path):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("error: max_concurrent_jobs: "), proc.stderr
     assert not list(tmp_path.glob("*.db*"))
+
+
+def test_a_heartbeat_lease_not_longer_than_its_interval_names_both(tmp_path):
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=_toml(tmp_path, "heartbeat_interval_s = 60\nheartbeat_lease_s = 30\n"), environ={})
+    assert err.value.field == "heartbeat_lease_s" and "heartbeat_interval_s (60 s" in err.value.message
+    assert load_settings(config_path=_toml(tmp_path, "heartbeat_interval_s = 60\nheartbeat_lease_s = 90\n"),
+                         environ={}).heartbeat_lease_s == 90

@@ -191,9 +191,9 @@ def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_fac
     assert store.get_run(silent)["status"] == "Timeout"
 
 
-def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store, fake_factory):
+def test_first_heartbeat_counts_at_once_even_with_a_throttle(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0, kill_grace_s=0)  # heartbeat_interval_s: 300 s
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     at = d.timeline()
@@ -210,7 +210,7 @@ def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store
 
 def test_a_heartbeat_whose_lease_was_taken_does_not_extend(mem_store, fake_factory, caplog):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0)
     d.pool.hold()
     add_job(store, "stolen", "ok", YEARLY)
     at = d.timeline()
@@ -555,7 +555,7 @@ def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(stor
 
 def test_heartbeats_of_a_real_plugin_reach_the_supervisor(store, driver_factory):
     """context.heartbeat() in a child, over the pipe: the first beat counts at once (default throttle)."""
-    d = driver_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)
+    d = driver_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0)
     add_job(store, "beats", "beat", YEARLY, configuration=json.dumps({"seconds": 1.3}))
     d.until(_finished(store, "beats"))
     assert _runs(store, "beats")[0]["status"] == "Completed"
