@@ -384,6 +384,10 @@ _NULLABLE = frozenset({"max_runtime_minutes", *LIMIT_RANGES, "pause_after_failur
                        "missed_run_grace_s", "max_total_runtime_s", "retry_backoff_max_s", "retry_max_jitter_s"})
 
 
+STORED_NUMBER_COLUMNS = tuple(field for field, *_ in _STORED_NUMBERS)
+"""The columns :func:`stored_problem` judges (a caller may remember their values of a row found fine)."""
+
+
 def stored_problem(job: Mapping[str, Any]) -> InputError | None:
     """What makes a stored job row's numeric columns unusable, naming the column: a value that is not a
     number (text kept by SQLite in a number column) or out of the range :func:`check` allows (edited by hand

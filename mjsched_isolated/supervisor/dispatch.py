@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import operator
 import random
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ CONTENDED_READ = 3
 # a run claimed ahead: its cancel requests are read once more this long before its instant (RunGuard), so a
 # `runs cancel` while it waits stops it before its plugin starts
 CANCEL_CHECK_BEFORE = dt.timedelta(milliseconds=50)
+NUMBERS_SEEN_MAX = 10_000  # sets of number columns remembered as fine (Dispatcher._numbers_ok)
+NUMBER_COLUMNS = operator.itemgetter(*jobspec.STORED_NUMBER_COLUMNS)  # what _numbers_fine remembers of a row
 
 
 def how_many(count: int) -> str:
@@ -72,6 +75,7 @@ class Dispatcher:
         self.wake_sender = wake_sender
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        self._numbers_fine: set[tuple[Any, ...]] = set()  # number columns found fine (most rows share a few)
         # job id -> job_type this supervisor has no plugin for: left to others until the next rescan
         self.unrunnable: dict[int, str] = {}
         self._reported_unrunnable: set[tuple[int, str]] = set()  # logged once per (job, type)
@@ -117,6 +121,8 @@ class Dispatcher:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self.backfills_maybe = True
         self._forget_fixed_bad_jobs()
+        if len(self._numbers_fine) > NUMBERS_SEEN_MAX:  # bounded: checked afresh after
+            self._numbers_fine.clear()
         self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         if self._next_advice_at is None or now >= self._next_advice_at:
             active = self.advice.warn_high_frequency(now)
@@ -299,9 +305,7 @@ class Dispatcher:
                 if job["job_type"] not in known and not self.coming(job["job_type"]):
                     self.unrunnable[job["id"]] = job["job_type"]
                 continue
-            problem = jobspec.stored_problem(job)
-            if problem is not None:
-                self._mark_bad(job, str(problem))
+            if not self._numbers_ok(job):
                 continue
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
             deadline = now + dt.timedelta(seconds=timeout_s)
@@ -487,9 +491,7 @@ class Dispatcher:
     def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None, JobRow]:
         """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it, the
         job as it is to be claimed: a RunAll catch-up cut to its backlog claims its oldest kept occurrence)."""
-        problem = jobspec.stored_problem(job)  # a number edited by hand: this job alone is set aside
-        if problem is not None:
-            self._mark_bad(job, str(problem))
+        if not self._numbers_ok(job):  # a number edited by hand: this job alone is set aside
             return False, None, job
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
@@ -829,6 +831,25 @@ class Dispatcher:
         if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
             log.error("job %s skipped until it is fixed: %s", job["name"], reason)
         self.bad_jobs[job["id"]] = (job["updated_at"], reason)
+
+    def _numbers_ok(self, job: JobRow) -> bool:
+        """False (the job set aside, logged naming the field) when a number of the row is not a number or
+        out of range (:func:`jobspec.stored_problem`). The number columns of rows found fine are remembered
+        as a set of tuples (most jobs share the defaults or a few values): a row whose numbers are among them
+        costs one tuple read and a set lookup, not the check."""
+        try:
+            numbers: tuple[Any, ...] | None = NUMBER_COLUMNS(job)
+        except KeyError:  # a row without every column (not the poll's): checked in full
+            numbers = None
+        if numbers is not None and numbers in self._numbers_fine:
+            return True
+        problem = jobspec.stored_problem(job)
+        if problem is not None:
+            self._mark_bad(job, str(problem))
+            return False
+        if numbers is not None:
+            self._numbers_fine.add(numbers)
+        return True
 
     def _forget_fixed_bad_jobs(self) -> None:
         """Give a bad job another chance once its row has changed (``updated_at`` moved)."""
