@@ -74,6 +74,11 @@ def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
     return [handle for fd, _ in poller.poll(timeout_ms) for handle in by_fd[fd]]
 
 
+# a child whose pipe ended while it was not yet reapable gets this long to finish exiting (its own exit code,
+# os._exit or a crash, is the truth) before it is killed as one that closed its pipe and runs on
+EXITING_GRACE_S = 0.1
+
+
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
@@ -528,7 +533,13 @@ class Pool:
         ``is_alive`` never blocks; a child still alive here (garbage on its pipe, or a plugin writing into
         the sentinel pipe) is killed before it is joined, so ``join`` cannot hang on it."""
         killed_for = None
-        if worker.process.is_alive():
+        # its pipe ended first: an exiting child is a zombie within moments. Polled (is_alive never blocks),
+        # not joined: join() waits for the exit once the sentinel reads ready, and a child that closed its own
+        # end of the sentinel is still running
+        give_up = time.monotonic() + EXITING_GRACE_S
+        while worker.process.is_alive() and time.monotonic() < give_up:
+            time.sleep(0.005)
+        if worker.process.is_alive():  # still running without its pipe (closed it, or garbage on it)
             self._kill_tree(worker)
             # no trouble read on its pipe: its end of the exit sentinel (a pipe too) was closed while it ran
             killed_for = worker.pipe_trouble or "its pipe to the supervisor was closed or broke"
