@@ -237,10 +237,15 @@ class Client:
         (naive times in the job's timezone): they become pending (durable) and the supervisors run them
         under the cap, the job's concurrency mode and lease, each with its own ``scheduled_at``; the regular
         schedule is untouched. Idempotent (an occurrence already run or pending is not added again).
-        Raises :class:`InputError` naming ``from``, ``to``, ``max`` (a window of more than
-        ``max_occurrences``); :class:`NotFoundError` (``name``); nothing is written then."""
-        return ops.backfill_job(self._store, name, start, end, self._now(), max_occurrences=max_occurrences,
-                                requested_by=requested_by, audit_role="api")
+        Raises :class:`InputError` naming this method's parameter: ``start``, ``end``, ``max_occurrences`` (a
+        window of more than ``max_occurrences``), ``requested_by``; :class:`NotFoundError` (``name``); nothing
+        is written then."""
+        try:
+            return ops.backfill_job(self._store, name, start, end, self._now(), max_occurrences=max_occurrences,
+                                    requested_by=requested_by, audit_role="api")
+        except InputError as exc:  # ops names the CLI's words (from, to, max): say the parameters' names
+            names = {"from": "start", "to": "end", "max": "max_occurrences"}
+            raise (exc.renamed(names[exc.field]) if exc.field in names else exc) from None
 
     # -- runs ----------------------------------------------------------------------------------------
     def runs(self, job: str | None = None, status: RunStatus | str | None = None, limit: int = 50) -> list[Run]:

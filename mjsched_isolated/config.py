@@ -378,6 +378,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if not 1024 <= self.max_run_output_bytes <= MAX_RUN_OUTPUT_BYTES:
             raise InputError("max_run_output_bytes", f"must be an integer from 1024 to {MAX_RUN_OUTPUT_BYTES}, "
                              f"got {self.max_run_output_bytes}")
+        if self.heartbeat_lease_s <= self.heartbeat_interval_s:  # a run that beats steadily would lapse between
+            raise InputError("heartbeat_lease_s", f"must be longer than heartbeat_interval_s "
+                             f"({self.heartbeat_interval_s:g} s: at most one extension per interval), or a run that "
+                             f"heartbeats steadily times out between extensions; got {self.heartbeat_lease_s:g}")
         if self.lease_renew_interval_s >= self.lease_ttl_s * 0.8:
             raise InputError("lease_renew_interval_s", f"must be well below lease_ttl_s ({self.lease_ttl_s} s); "
                              f"got {self.lease_renew_interval_s}")

@@ -52,6 +52,29 @@ class ProtocolError(MjschedError):
     """A message between supervisor and worker could not be decoded."""
 
 
+def not_utf8(field: str, value: str) -> InputError | None:
+    """An :class:`InputError` naming ``field`` when ``value`` cannot be written as UTF-8: it holds a lone
+    surrogate, Python's stand-in for a byte that was not UTF-8 (an argument from a terminal in Latin-1, a
+    file name), which the database driver would refuse with a traceback. None when it is fine."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        what = (f"the byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF
+                else f"a lone surrogate U+{ord(bad):04X}")
+        return InputError(field, f"is not UTF-8 text: {what} at character {exc.start + 1} (a terminal or file "
+                                 f"in another encoding?), got {value[:40]!r}")
+    return None
+
+
+def require_utf8(field: str, value: object) -> None:
+    """Raise :func:`not_utf8`'s error for a text ``value`` that cannot be written as UTF-8 (other values pass)."""
+    if isinstance(value, str) and (error := not_utf8(field, value)) is not None:
+        raise error
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's first line (or its type's name), for one-line log messages."""
     return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

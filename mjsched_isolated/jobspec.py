@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import msgspec
 from mjsched_isolated import cron, planner
 from mjsched_isolated.config import LIMIT_RANGES, is_email_address
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, values
-from mjsched_isolated.errors import InputError, msgspec_field_error
+from mjsched_isolated.errors import InputError, msgspec_field_error, not_utf8, require_utf8
 from mjsched_isolated.protocol import MAX_TEXT_BYTES
 
 JOB_STATUSES = values(JobStatus)
@@ -116,6 +116,9 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
     if spec.configuration is not None and nesting_depth(spec.configuration, MAX_CONFIGURATION_DEPTH) > \
             MAX_CONFIGURATION_DEPTH:
         fail("configuration", f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
+    for field, text in _texts(spec):  # a byte that was not UTF-8 (a lone surrogate): refused before it is written
+        if (error := not_utf8(field, text)) is not None:
+            fail(field, error.message)
     if spec.description is not None and _CONTROL_BUT_LAYOUT.search(spec.description):
         fail("description", "must not contain control characters other than tab and newline")
     for field, value in (("description", spec.description),
@@ -168,6 +171,38 @@ def check(spec: JobSpec, where: str = "") -> JobSpec:
         fail("end_at", "must be after start_at")
     return msgspec.structs.replace(spec, start_at=start_at, end_at=end_at,
                                    cron_expression=" ".join(spec.cron_expression.split()))
+
+
+def _texts(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """Every text of ``spec`` with its field: the text fields, list items, and the configuration's keys and
+    string values (``configuration.a.b[0]``)."""
+    for field in ("name", "job_type", "cron_expression", "timezone", "description", "status", "concurrency_mode",
+                  "missed_run_policy", "dst_gap_policy", "dst_fold_policy"):
+        value = getattr(spec, field)
+        if isinstance(value, str):
+            yield field, value
+    for field in ("notify_recipients", "retry_on"):
+        for i, item in enumerate(getattr(spec, field) or []):
+            if isinstance(item, str):
+                yield f"{field}[{i}]", item
+    if spec.configuration is not None:
+        yield from _nested_texts("configuration", spec.configuration)
+
+
+def _nested_texts(path: str, value: Any) -> Iterator[tuple[str, str]]:
+    """The strings in ``value`` (keys too), with their paths; a loop, not recursion: any depth is fine."""
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str):
+                    yield where, key
+                    stack.append((f"{where}.{key}", child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
 
 
 def _check_retries(spec: JobSpec, fail: Any) -> None:
@@ -235,6 +270,7 @@ def parse_configuration(text: str, field: str = "configuration") -> dict[str, An
     JSON, not an object, repeats a key in one object (JSON would keep the last silently) or nests deeper than
     :data:`MAX_CONFIGURATION_DEPTH` levels."""
     too_deep = InputError(field, f"nested deeper than {MAX_CONFIGURATION_DEPTH} levels")
+    require_utf8(field, text)  # else JSON would report a malformed surrogate pair, or the driver a traceback
     try:
         value = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as exc:
@@ -278,12 +314,22 @@ def with_next_run_at(values: dict[str, Any], now: dt.datetime) -> dict[str, Any]
         values["next_run_at"] = planner.initial_next_run_at(values, now) if active else None
     except (OverflowError, ValueError) as exc:
         detail = exc.message if isinstance(exc, InputError) else str(exc)
-        if values.get("start_at"):
-            raise InputError("start_at", f"no occurrence can be computed from it ({detail})") from None
+        if values.get("start_at") and _fires_from(values, now):  # the dates ran out after start_at
+            raise InputError("start_at", f"no occurrence of {values.get('cron_expression')!r} follows it before "
+                                         "the last date this scheduler can compute (9999-12-31T23:59:59Z); choose "
+                                         "an earlier start_at") from None
         raise InputError("cron_expression", f"never fires: no occurrence can be computed ({detail})") from None
     if active and values["next_run_at"] is None:
         values["status"] = "Expired"
     return values
+
+
+def _fires_from(values: Mapping[str, Any], now: dt.datetime) -> bool:
+    """True when the schedule of ``values`` has an occurrence after ``now`` (its start_at left out)."""
+    try:
+        return planner.initial_next_run_at({**values, "start_at": None, "end_at": None}, now) is not None
+    except (OverflowError, ValueError):
+        return False
 
 
 def load_file(path: str | Path) -> list[JobSpec]:
@@ -315,3 +361,51 @@ def _aware(value: dt.datetime | None, zone: dt.tzinfo) -> dt.datetime | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=zone)
     return value.astimezone(dt.UTC)
+
+
+# A stored job row's numeric columns, as :func:`check` bounds them: (column, an int column?, low, high, low
+# excluded?). A value edited by hand into a SQLite file (which keeps text in a number column) or out of range
+# is found by :func:`stored_problem` before the supervisor computes with it.
+_STORED_NUMBERS: tuple[tuple[str, bool, float, float, bool], ...] = (
+    ("max_runtime_minutes", True, 1, MAX_RUNTIME_MINUTES, False),
+    *((field, True, low, high, False) for field, (low, high) in LIMIT_RANGES.items()),
+    ("max_queued", True, 1, planner.MAX_QUEUED, False),
+    ("max_retries", True, 0, MAX_RETRIES, False),
+    ("pause_after_failures", True, 1, 1_000_000, False),
+    ("max_jitter_s", False, 0, 86400, False),
+    ("missed_run_grace_s", False, 0, planner.MAX_RUN_TIMEOUT_S, True),
+    ("max_total_runtime_s", False, 0, planner.MAX_RUN_TIMEOUT_S, True),
+    ("retry_backoff_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+    ("retry_backoff_factor", False, 1, 100, False),
+    ("retry_backoff_max_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+    ("retry_max_jitter_s", False, 0, planner.MAX_RUN_TIMEOUT_S, False),
+)
+_NULLABLE = frozenset({"max_runtime_minutes", *LIMIT_RANGES, "pause_after_failures", "max_jitter_s",
+                       "missed_run_grace_s", "max_total_runtime_s", "retry_backoff_max_s", "retry_max_jitter_s"})
+
+
+STORED_NUMBER_COLUMNS = tuple(field for field, *_ in _STORED_NUMBERS)
+"""The columns :func:`stored_problem` judges (a caller may remember their values of a row found fine)."""
+
+
+def stored_problem(job: Mapping[str, Any]) -> InputError | None:
+    """What makes a stored job row's numeric columns unusable, naming the column: a value that is not a
+    number (text kept by SQLite in a number column) or out of the range :func:`check` allows (edited by hand
+    around the CLI, on any database). None when all are fine. The supervisor sets such a job aside, ``check``
+    reports it: one bad row must not stop the others."""
+    for field, integer, low, high, open_low in _STORED_NUMBERS:
+        value = job.get(field)
+        if value is None:
+            if field in _NULLABLE:
+                continue
+            return InputError(field, "is empty (NULL) in the database; set a value with `jobs update`")
+        kind = type(value)
+        if kind is not int and (integer or kind is not float) and (
+                isinstance(value, bool) or not isinstance(value, int if integer else (int, float))):
+            return InputError(field, f"{value!r} in the database is not {'an integer' if integer else 'a number'}"
+                                     " (edited by hand?); set it with `jobs update`")
+        if not (low < value <= high if open_low else low <= value <= high):
+            bounds = f"more than {low:g} and at most {high:g}" if open_low else f"from {low:g} to {high:g}"
+            return InputError(field, f"{value!r} in the database is out of range ({bounds}; edited by hand?); "
+                                     "set it with `jobs update`")
+    return None

@@ -227,11 +227,14 @@ def get_job(store: Store, name: str) -> Row:
 PENDING_SHOWN = 10  # pending backfill entries listed by get_job (the count is exact)
 
 
+MAX_LIMIT = 2**31 - 1  # every database's INTEGER holds it (SQLite overflowed past 2**63 with a traceback)
+
+
 def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 50) -> list[Row]:
-    """Runs newest first. Raises :class:`InputError` on ``limit`` (< 1) or ``status``;
-    :class:`NotFoundError` (field ``name``) for an unknown ``job``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError("limit", f"must be a positive integer, got {limit!r}")
+    """Runs newest first. Raises :class:`InputError` on ``limit`` (not an integer from 1 to
+    :data:`MAX_LIMIT`) or ``status``; :class:`NotFoundError` (field ``name``) for an unknown ``job``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InputError("limit", f"must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     if status is not None and status not in RUN_STATUSES:
         raise InputError("status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     return [run_view(r) for r in store.list_runs(job_name=job, status=status, limit=limit)]
@@ -441,6 +444,14 @@ def make_spec(fields: Mapping[str, Any], where: str = "") -> JobSpec:
     return jobspec.check(spec, where)
 
 
+def require_plugins_dir(settings: Settings) -> None:
+    """Raise :class:`InputError` (``plugins_dir``) when an explicitly named plugins folder (``--plugins``,
+    ``MJSCHED_PLUGINS_DIR``, ``plugins_dir``) does not exist: a wrong working directory or a host not yet
+    updated, whose jobs would be checked, or run, without its plugins."""
+    if settings.plugins_dir is not None and not Path(settings.plugins_dir).is_dir():
+        raise InputError("plugins_dir", f"plugins folder {settings.plugins_dir!r} does not exist or is not a folder")
+
+
 def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
                             prefix: Callable[[int], str] = lambda i: "") -> None:
     """Ask a worker child whether each spec's ``job_type`` exists and its configuration is valid. The child
@@ -448,6 +459,7 @@ def validate_configurations(settings: Settings, specs: Sequence[JobSpec],
     a job type whose file no longer imports but which serve keeps running (its last good version) is
     accepted, with a warning naming the broken file (logged). Raises :class:`InputError` naming
     ``<prefix(i)>job_type`` or ``<prefix(i)>configuration.<path>``."""
+    require_plugins_dir(settings)
     checks = [(s.job_type, jobspec.row_values(s)["configuration"]) for s in specs]
     report = inspect_plugins(settings, checks, borrow_good_plugins=True)
     for i, error in enumerate(report.errors):
@@ -553,7 +565,10 @@ def run_job(store: Store, settings: Settings, name: str, *, on_paused: Callable[
     from mjsched_isolated.supervisor import Supervisor, utcnow  # noqa: PLC0415 - loaded only where needed
     from mjsched_isolated.supervisor.pool import Pool  # noqa: PLC0415 - loaded only where needed
 
+    require_plugins_dir(settings)
     job = store.get_job(name)
+    if (problem := jobspec.stored_problem(job)) is not None:  # a number edited by hand: named, not run
+        raise problem
     paused = job["status"] == JobStatus.PAUSED
     if paused and on_paused is not None:
         on_paused(job_view(job))
@@ -647,6 +662,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
         except InputError as exc:
             problems.append(f"jobs file: {exc}")
     jobs: list[JobRow] = []
+    bad_times: dict[int, tuple[str, str]] = {}
     try:  # read-only: a SQLite file that does not exist is a problem (a typo in --db), not a new database
         store = open_store(settings.database_url, must_exist=True)
     except InputError as exc:
@@ -656,6 +672,7 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
     else:
         try:
             jobs = store.list_jobs()
+            bad_times = store.unreadable_time_window()
         finally:
             store.close()
         notes.append(f"database schema: up to date ({migrate.head_revision()})")
@@ -670,6 +687,11 @@ def check(settings: Settings, jobs_file: str | None = None) -> CheckReport:
             cron.validate(job["cron_expression"], job["timezone"])
         except InputError as exc:
             problem(job, str(exc))
+        if (stored := jobspec.stored_problem(job)) is not None:
+            problem(job, str(stored))
+        if job["id"] in bad_times:
+            field, raw = bad_times[job["id"]]
+            problem(job, f"{field}: {raw[:40]!r} in the database is not a timestamp (edited by hand?)")
     checks = [(job["job_type"], job["configuration"]) for job in jobs]
     for job, error in zip(jobs, inspect_plugins(settings, checks).errors if checks else []):
         if error is not None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -202,7 +203,8 @@ def test_a_job_whose_end_at_has_passed_is_added_expired(cli):
     assert "added (Expired)" in out
     job = json.loads(cli("jobs", "show", "late", "--json").stdout)
     assert (job["status"], job["next_run_at"]) == ("Expired", None)
-    assert "expired" in cli("jobs", "resume", "late").stdout
+    resumed = cli("jobs", "resume", "late", expect=1)  # not resumed: said, and not 0
+    assert "not resumed: its end_at 2020-01-01" in resumed.stderr and "--end-at" in resumed.stderr, resumed
     assert json.loads(cli("jobs", "show", "late", "--json").stdout)["status"] == "Expired"
 
 
@@ -228,7 +230,7 @@ def test_interrupted_jobs_run_cancels_the_run_and_frees_the_job(db_url, tmp_path
         if "hang: run" in line:
             break
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 130
+    assert proc.wait(30) == 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
     run = store.list_runs(job_name="stuck")[0]
     assert run["status"] == "Cancelled" and "interrupted" in run["error_message"]
     assert store.get_job("stuck")["lock_token"] is None
@@ -476,3 +478,147 @@ def test_runs_list_limit_beyond_what_a_database_integer_holds_is_one_line(cli, t
     line = _error_line(cli("runs", "list", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--limit",
                            "99999999999999999999", expect=2))
     assert line.startswith("error: --limit: must be an integer from 1 to"), line
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_the_field_and_nothing_is_written(cli):
+    """A byte that is not UTF-8 in an argument (a Latin-1 terminal: Python gives a lone surrogate) is refused
+    like any bad input, exit 2, naming the field, never a driver's traceback; the Python API says the same."""
+    cli("jobs", "add", "hello", "--type", "shell", "--cron", "@daily", "--configuration", '{"command": ["true"]}')
+    latin1 = "caf\udce9"  # b"caf\xe9" decoded from argv
+    for args, field in (
+            (("jobs", "add", latin1, "--type", "shell", "--cron", "@daily", "--configuration",
+              '{"command": ["true"]}'), "name"),
+            (("jobs", "update", "hello", "--description", latin1), "description"),
+            (("jobs", "pause", latin1), "name"),
+            (("jobs", "show", latin1), "name"),
+            (("jobs", "remove", latin1), "name"),
+            (("runs", "list", "--job", latin1), "name"),
+            (("jobs", "add", "x", "--type", "shell", "--cron", "@daily", "--configuration",
+              '{"command": ["' + latin1 + '"]}'), "configuration")):
+        line = _error_line(cli(*args, expect=2))
+        assert "not UTF-8" in line and field in line.split(":")[1], line
+    names = [j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)]
+    assert names == ["hello"] and "jobs" not in names
+    assert json.loads(cli("jobs", "show", "hello", "--json").stdout)["description"] is None
+
+
+def test_the_client_refuses_a_lone_surrogate_with_an_input_error(tmp_path):
+    from mjsched_isolated import Client
+
+    client = Client(f"sqlite:///{tmp_path / 'c.db'}", plugins_dir=FIXTURE_PLUGINS)
+    try:
+        with pytest.raises(InputError, match=r"^name: is not UTF-8 text"):
+            client.add_job("a\ud800b", job_type="shell", cron_expression="@daily", configuration={"command": ["true"]})
+        with pytest.raises(InputError, match=r"^name: is not UTF-8"):
+            client.pause_job("a\ud800b")
+        assert client.jobs() == []
+    finally:
+        client.close()
+
+
+HANGING_VALIDATE = '''
+import time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Stuck(BaseScheduledJob):
+    job_type = "stuck"
+
+    def validate_configuration(self, configuration):
+        time.sleep(3600)
+
+    def execute(self, context):
+        return ScheduledJobResult(success=True)
+'''
+
+
+def test_a_hanging_validate_configuration_is_a_bounded_wait_naming_the_plugin_and_step(cli, tmp_path, monkeypatch):
+    """`jobs add` waited ~76 s for a plugin's validate_configuration that hangs, then blamed the import: the
+    wait is bounded (inspection.VALIDATE_TIMEOUT_S), the error names the job type and the step, exit 2."""
+    from mjsched_isolated.supervisor import inspection
+
+    monkeypatch.setattr(inspection, "VALIDATE_TIMEOUT_S", 1.0)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "stuck.py").write_text(HANGING_VALIDATE)
+    started = time.monotonic()
+    line = _error_line(cli("jobs", "add", "s", "--type", "stuck", "--cron", "@daily", "--plugins", str(plugins),
+                           expect=2))
+    assert time.monotonic() - started < 20
+    assert line.startswith("error: configuration: ") and "'stuck'" in line and "validate_configuration" in line, line
+    assert "did not answer within 1 s" in line, line
+    listed = cli("jobs", "list", "--json", expect=None)  # nothing written: no job, or no database at all
+    assert listed.returncode == 2 or json.loads(listed.stdout) == [], listed
+
+
+def test_jobs_add_and_run_refuse_a_plugins_folder_that_does_not_exist(cli, tmp_path, monkeypatch):
+    """As serve, plugins list and check do: an explicitly named folder that does not exist is an error, by
+    --plugins, MJSCHED_PLUGINS_DIR or the configuration file; nothing is written, nothing runs."""
+    cli("jobs", "add", "hello", "--type", "shell", "--cron", "@daily", "--configuration", '{"command": ["true"]}')
+    missing = str(tmp_path / "nonexistent")
+    config_file = tmp_path / "mjsched.toml"
+    config_file.write_text(f"plugins_dir = {missing!r}\n")
+    for how, env in ((("--plugins", missing), {}), ((), {"MJSCHED_PLUGINS_DIR": missing}),
+                     (("--config", str(config_file)), None)):
+        if env is None:  # the configuration file's plugins_dir: no environment variable over it
+            monkeypatch.delenv("MJSCHED_PLUGINS_DIR")
+        add = cli("jobs", "add", "x", "--type", "shell", "--cron", "@daily", "--configuration",
+                  '{"command": ["true"]}', *how, expect=2, env=env)
+        assert "plugins_dir" in _error_line(add) and "does not exist" in _error_line(add), add
+        run = cli("jobs", "run", "hello", *how, expect=2, env=env)
+        assert "does not exist" in _error_line(run), run
+    assert [j["name"] for j in json.loads(cli("jobs", "list", "--json").stdout)] == ["hello"]
+    assert json.loads(cli("runs", "list", "--json").stdout) == []
+
+
+CLOSES_ITS_FDS = '''
+import os
+import time
+from mjsched_isolated.api import BaseScheduledJob, ScheduledJobResult
+
+
+class Closer(BaseScheduledJob):
+    job_type = "closer"
+
+    def execute(self, context):
+        os.closerange(0, 1024)
+        time.sleep(60)
+        return ScheduledJobResult(success=True)
+'''
+
+
+def test_a_run_whose_plugin_closes_the_worker_pipe_says_the_supervisor_killed_it_and_why(cli, tmp_path):
+    """The pool kills a worker whose pipe broke: not "not sent by this supervisor ... a person killed it"."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "closer.py").write_text(CLOSES_ITS_FDS)
+    cli("jobs", "add", "c", "--type", "closer", "--cron", "@daily", "--plugins", str(plugins))
+    cli("jobs", "run", "c", "--plugins", str(plugins), expect=None)
+    run = json.loads(cli("runs", "list", "--job", "c", "--json").stdout)[0]
+    assert run["status"] == "Failed", run
+    assert "killed by this supervisor during the run: its pipe to the supervisor was closed" in run["error_message"]
+    assert "os.closerange" in run["error_message"] and "not sent by this supervisor" not in run["error_message"]
+
+
+def test_a_start_at_too_late_for_any_occurrence_names_its_range_not_the_cron(cli):
+    line = _error_line(cli("jobs", "add", "far", "--type", "ok", "--cron", "0 0 * * *", "--start-at",
+                           "9999-12-31T23:59:00Z", expect=2))
+    assert line.startswith("error: start_at: no occurrence of '0 0 * * *' follows it before") and "9999-12-31" in line
+    assert "invalid cron expression" not in line, line
+    # a schedule that never fires is the cron's fault, start_at or not
+    line = _error_line(cli("jobs", "add", "feb30", "--type", "ok", "--cron", "0 0 30 2 *", "--start-at",
+                           "2030-01-01T00:00:00Z", expect=2))
+    assert line.startswith("error: cron_expression: never fires"), line
+
+
+@pytest.mark.parametrize("body", ["[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n",
+                                  "[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = '@daily'\n"
+                                  "[jobs.configuration]\ncommand = []\n"])
+def test_serve_with_an_invalid_jobs_file_creates_no_database(cli, tmp_path, body):
+    """The file (its configurations too) is checked before anything is created: exit 2, no database file."""
+    jobs_file = tmp_path / "jobs.toml"
+    jobs_file.write_text(body)
+    db = tmp_path / "fresh.db"
+    line = _error_line(cli("serve", "--db", f"sqlite:///{db}", "--jobs", str(jobs_file), "--run-for", "0", expect=2))
+    assert f"{jobs_file}: jobs[0]." in line, line
+    assert not db.exists()

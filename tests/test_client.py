@@ -154,3 +154,36 @@ def test_a_job_and_its_runs_carry_the_occurrence_accounting(client, shared_backe
     assert (after.skipped_count, after.missed_count) == (2, 6)
     run = client.get_run(client.run_job("counted"))
     assert run.missed_count == 0  # a manual run folds nothing
+
+
+@pytest.mark.parametrize("limit", [0, -1, 10**30, 2**31, 2**63, True, 1.5, "10"])
+def test_runs_limit_out_of_range_is_an_input_error_naming_limit(client, limit):
+    """As the CLI's --limit: an integer from 1 to 2**31 - 1 (10**30 overflowed SQLite's INTEGER)."""
+    with pytest.raises(InputError) as err:
+        client.runs(limit=limit)
+    assert err.value.field == "limit" and "from 1 to 2147483647" in err.value.message
+
+
+@pytest.mark.parametrize("run_id", [0, -1, 10**30, 2**63])
+def test_run_ids_out_of_range_are_not_found_not_an_overflow(client, run_id):
+    for call in (client.get_run, client.cancel_run, client.retry_run, client.run_logs):
+        with pytest.raises(InputError) as err:
+            call(run_id)
+        assert err.value.field == "id"
+
+
+def test_backfill_job_errors_name_its_parameters(client):
+    """Not the CLI's --from/--to/--max words: start, end, max_occurrences."""
+    client.add_job("b", job_type="ok", cron_expression="0 * * * *")
+    now = dt.datetime.now(dt.UTC)
+    for kwargs, field in (({"start": "yesterday", "end": now}, "start"),
+                          ({"start": now - dt.timedelta(hours=2), "end": "now"}, "end"),
+                          ({"start": now - dt.timedelta(hours=1), "end": now - dt.timedelta(hours=2)}, "end"),
+                          ({"start": dt.datetime(1960, 1, 1, tzinfo=dt.UTC), "end": now}, "start"),
+                          ({"start": now - dt.timedelta(hours=1), "end": now, "max_occurrences": 0},
+                           "max_occurrences"),
+                          ({"start": now - dt.timedelta(days=30), "end": now, "max_occurrences": 3},
+                           "max_occurrences")):
+        with pytest.raises(InputError) as err:
+            client.backfill_job("b", **kwargs)
+        assert err.value.field == field, (kwargs, err.value)

@@ -56,6 +56,8 @@ def test_config_file_named_by_environment(tmp_path):
     ("[metrics]\nport = 70000\n", "metrics.port"),
     ("[recycling]\nmax_tasks_per_child = 0\n", "recycling.max_tasks_per_child"),
     ("lease_ttl_s = 3\n", "lease_renew_interval_s"),
+    ("heartbeat_lease_s = 120\n", "heartbeat_lease_s"),  # below heartbeat_interval_s (300): would lapse
+    ("heartbeat_interval_s = 60\nheartbeat_lease_s = 60\n", "heartbeat_lease_s"),
     ("log_format = 'xml'\n", "log_format"),
     ("max_concurrent_jobs = 3\nmax_concurrent_jobs = 4\n", "--config"),  # not valid TOML
 ])
@@ -183,6 +185,31 @@ def test_check_is_zero_when_all_is_well_and_lists_each_problem(cli, tmp_path):
     assert broken.returncode == 1 and "broken_import.py: failed to import" in broken.stdout, broken.stdout
 
 
+def test_check_and_jobs_run_name_a_number_or_time_edited_by_hand(cli, tmp_path):
+    """SQLite keeps text in a number or timestamp column: `check` names the job and field, `jobs run`
+    refuses with exit 2 (the supervisor sets such a job aside: tests/test_supervisor.py)."""
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    store = Store.open(db)
+    try:
+        for name in ("stall", "far", "garbage-start", "good"):
+            add_job(store, name, "shell", "*/5 * * * *", configuration=json.dumps({"command": ["true"]}))
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET max_runtime_minutes = 'abc' WHERE name = 'stall'"))
+            conn.execute(sa.text("UPDATE jobs SET max_jitter_s = 1e300 WHERE name = 'far'"))
+            conn.execute(sa.text("UPDATE jobs SET start_at = 'garbage' WHERE name = 'garbage-start'"))
+    finally:
+        store.close()
+    bad = cli("check", "--db", db, "--plugins", PLUGINS, "--json")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    problems = "\n".join(json.loads(bad.stdout)["problems"])
+    assert "job stall: max_runtime_minutes: 'abc' in the database is not an integer" in problems
+    assert "job far: max_jitter_s: 1e+300 in the database is out of range" in problems
+    assert "job garbage-start: start_at: 'garbage' in the database is not a timestamp" in problems
+    assert "good" not in problems and len(json.loads(bad.stdout)["problems"]) == 3, problems
+    run = cli("jobs", "run", "stall", "--db", db, "--plugins", PLUGINS)
+    assert run.returncode == 2 and "max_runtime_minutes" in run.stderr, run.stderr
+
+
 def test_check_validates_the_configured_jobs_file(cli, tmp_path):
     jobs_file = tmp_path / "jobs.toml"
     jobs_file.write_text("[[jobs]]\nname = 'x'\njob_type = 'shell'\ncron_expression = 'every day'\n"
@@ -281,3 +308,11 @@ def test_serve_reports_a_bad_file_value_a_flag_overrides(cli, tmp_path):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("error: max_concurrent_jobs: "), proc.stderr
     assert not list(tmp_path.glob("*.db*"))
+
+
+def test_a_heartbeat_lease_not_longer_than_its_interval_names_both(tmp_path):
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=_toml(tmp_path, "heartbeat_interval_s = 60\nheartbeat_lease_s = 30\n"), environ={})
+    assert err.value.field == "heartbeat_lease_s" and "heartbeat_interval_s (60 s" in err.value.message
+    assert load_settings(config_path=_toml(tmp_path, "heartbeat_interval_s = 60\nheartbeat_lease_s = 90\n"),
+                         environ={}).heartbeat_lease_s == 90

@@ -191,9 +191,9 @@ def test_heartbeats_extend_the_deadline_and_silence_does_not(mem_store, fake_fac
     assert store.get_run(silent)["status"] == "Timeout"
 
 
-def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store, fake_factory):
+def test_first_heartbeat_counts_at_once_even_with_a_throttle(mem_store, fake_factory):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0, kill_grace_s=0)  # heartbeat_interval_s: 300 s
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0, kill_grace_s=0)
     d.pool.hold()
     add_job(store, "beats", "ok", YEARLY)
     at = d.timeline()
@@ -210,7 +210,7 @@ def test_first_heartbeat_counts_at_once_even_with_the_default_throttle(mem_store
 
 def test_a_heartbeat_whose_lease_was_taken_does_not_extend(mem_store, fake_factory, caplog):
     store = mem_store
-    d = fake_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)
+    d = fake_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0)
     d.pool.hold()
     add_job(store, "stolen", "ok", YEARLY)
     at = d.timeline()
@@ -385,13 +385,71 @@ def test_row_edited_to_run_before_its_start_at_is_rescheduled_not_run(mem_store,
     assert _runs(store, "early") == []
 
 
-def test_absurd_max_runtime_in_a_row_is_clamped_and_does_not_stop_the_poll(mem_store, fake_factory):
+def test_absurd_max_runtime_in_a_row_is_set_aside_and_does_not_stop_the_poll(mem_store, fake_factory, caplog):
     store = mem_store
     d = fake_factory()
     add_job(store, "absurd", "ok", YEARLY, max_runtime_minutes=2**62)
     add_job(store, "normal", "ok", YEARLY)
-    d.until(lambda: _finished(store, "absurd")() and _finished(store, "normal")())
-    assert {r["status"] for r in _runs(store, "absurd") + _runs(store, "normal")} == {"Completed"}
+    d.until(_finished(store, "normal"))
+    assert _runs(store, "absurd") == [] and "job absurd skipped until it is fixed: max_runtime_minutes" in caplog.text
+
+
+BAD_NUMBERS = [("max_runtime_minutes", "abc"), ("max_jitter_s", "abc"), ("missed_run_grace_s", "abc"),
+               ("max_memory_mb", -3), ("max_runtime_minutes", -5), ("max_jitter_s", -5), ("max_jitter_s", 1e300),
+               ("retry_backoff_s", -1), ("retry_backoff_factor", "x"), ("max_queued", 0), ("nice", 99)]
+
+
+@pytest.mark.parametrize(("field", "raw"), BAD_NUMBERS)
+def test_a_number_edited_by_hand_sets_that_job_aside_naming_the_field(mem_store, fake_factory, caplog, field, raw):
+    """SQLite keeps text in a number column, and any database keeps an out-of-range number written around the
+    CLI: that job alone is reported (job and field) and skipped; the others run, the poll never fails."""
+    store = mem_store
+    bad = add_job(store, "bad", "ok", "* * * * * *")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE jobs SET {field} = :raw WHERE id = :id"), {"raw": raw, "id": bad["id"]})
+    add_job(store, "good", "ok", "* * * * * *")
+    d = fake_factory()
+    d.until(_finished(store, "good", 2))
+    assert _runs(store, "bad") == []
+    assert f"job bad skipped until it is fixed: {field}: " in caplog.text
+    assert caplog.text.count("job bad skipped until it is fixed") == 1  # said once, not at every poll
+    assert "poll failed" not in caplog.text
+
+
+def test_a_start_at_edited_by_hand_into_garbage_sets_that_job_aside(mem_store, fake_factory, caplog):
+    """SQLite keeps 'garbage' in a timestamp column, which reads as unset: the job would run outside its
+    window. It is reported (job and field) and skipped; the others run."""
+    store = mem_store
+    for name, column in (("bad-start", "start_at"), ("bad-end", "end_at")):
+        job = add_job(store, name, "ok", "* * * * * *")
+        with store.engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE jobs SET {column} = 'garbage' WHERE id = :id"), {"id": job["id"]})
+    add_job(store, "good", "ok", "* * * * * *")
+    d = fake_factory()
+    d.until(_finished(store, "good", 2))
+    assert _runs(store, "bad-start") == [] and _runs(store, "bad-end") == []
+    assert "job bad-start skipped until it is fixed: start_at: 'garbage'" in caplog.text
+    assert "job bad-end skipped until it is fixed: end_at: 'garbage'" in caplog.text
+
+
+@pytest.mark.parametrize(("field", "raw"), [("max_memory_mb", -3), ("max_runtime_minutes", -5),
+                                            ("max_jitter_s", -5), ("retry_backoff_s", -1)])
+def test_an_out_of_range_number_sets_that_job_aside_on_every_database(any_store, shared_backend_url, caplog,
+                                                                       field, raw):
+    """PostgreSQL and MariaDB refuse text in a number column, but keep an out-of-range number written around
+    the CLI: set aside, named, the others run."""
+    store = any_store
+    bad = add_job(store, "bad", "ok", "* * * * * *")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE jobs SET {field} = :raw WHERE id = :id"), {"raw": raw, "id": bad["id"]})
+    add_job(store, "good", "ok", "* * * * * *")
+    d = Driver(store, shared_backend_url, pool=FakePool(2, FIXTURE_PLUGINS), plugins_dir=FIXTURE_PLUGINS,
+               max_concurrent_jobs=2).start()
+    try:
+        d.until(_finished(store, "good", 2))
+    finally:
+        d.close()
+    assert _runs(store, "bad") == [] and f"job bad skipped until it is fixed: {field}: {raw}" in caplog.text
 
 
 def test_jobs_changed_outside_the_supervisor_are_seen_within_one_poll(mem_store, fake_factory):
@@ -497,7 +555,7 @@ def test_hung_run_is_killed_with_its_grandchild_and_other_jobs_stay_on_time(stor
 
 def test_heartbeats_of_a_real_plugin_reach_the_supervisor(store, driver_factory):
     """context.heartbeat() in a child, over the pipe: the first beat counts at once (default throttle)."""
-    d = driver_factory(lease_timeout_s=1.0, heartbeat_lease_s=3.0)
+    d = driver_factory(lease_timeout_s=1.0, heartbeat_interval_s=2.9, heartbeat_lease_s=3.0)
     add_job(store, "beats", "beat", YEARLY, configuration=json.dumps({"seconds": 1.3}))
     d.until(_finished(store, "beats"))
     assert _runs(store, "beats")[0]["status"] == "Completed"

@@ -255,7 +255,7 @@ def test_the_extended_deadline_is_sent_to_the_run_and_its_context_shows_it(mem_s
     """A heartbeat that extends the deadline: the supervisor sends the new deadline to the run's worker,
     and the plugin's ``context.deadline_at`` is that deadline (the run row's), not the one it started with."""
     store = mem_store
-    d = fake_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_lease_s=120)
+    d = fake_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_interval_s=100, heartbeat_lease_s=120)
     d.pool.hold()
     add_job(store, "watch", "watch_deadline", YEARLY)
     d.until(lambda: bool(d.pool.held))
@@ -275,7 +275,7 @@ def test_the_extended_deadline_is_sent_to_the_run_and_its_context_shows_it(mem_s
 def test_a_real_plugin_sees_its_deadline_move_after_a_heartbeat(store, driver_factory):
     """Real worker: the plugin reads ``context.deadline_at``, heartbeats, and sees the extended deadline
     arrive over its pipe (within its 10 s bound: in practice milliseconds), equal to the run row's."""
-    d = driver_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_lease_s=120)
+    d = driver_factory(max_concurrent_jobs=1, lease_timeout_s=30, heartbeat_interval_s=100, heartbeat_lease_s=120)
     add_job(store, "watch", "watch_deadline", YEARLY, configuration=json.dumps({"seconds": 10}))
     d.until(lambda: any(r["status"] != "Running" for r in store.list_runs(job_name="watch")), 30)
     (run,) = store.list_runs(job_name="watch")

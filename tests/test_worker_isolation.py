@@ -105,6 +105,10 @@ class BadDetails(BaseScheduledJob):
             for _ in range(200):
                 cur.append([])
                 cur = cur[0]
+        elif kind == "success_yes":
+            return ScheduledJobResult(success="yes")
+        elif kind == "error_number":
+            return ScheduledJobResult(success=False, error_message=5)
         else:
             details = {"list": [1, 2], "str": "text"}[kind]
         return ScheduledJobResult(success=True, details=details)
@@ -251,6 +255,18 @@ def test_bad_details_are_a_failed_run_not_a_dead_worker(plugins, kind, why):
         assert finished.error_message.startswith("plugin returned bad details: ") and why in finished.error_message
         after = _finished(one.run("ok"))  # the same worker goes on (OneWorker fails the test on a death)
         assert after.success and after.details["pid"] == pid
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("success_yes", "plugin returned bad success: success must be True or False, got 'yes' (str)"),
+    ("error_number", "plugin returned bad error_message: error_message must be a string or None, got int"),
+])
+def test_a_result_field_of_the_wrong_type_is_a_failed_run_naming_the_field(plugins, kind, message):
+    """ScheduledJobResult(success="yes") gave a Failed run with an empty error_message."""
+    with OneWorker(str(plugins)) as one:
+        finished = _finished(one.run("bad_details", json.dumps(kind)))
+        assert not finished.success and finished.error_message.startswith(message), finished.error_message
+        assert _finished(one.run("ok")).success  # the same worker goes on
 
 
 def test_signals_a_run_blocked_are_unblocked_for_the_next_run(plugins):

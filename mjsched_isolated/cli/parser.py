@@ -44,7 +44,7 @@ examples:
   mjsched serve --max-concurrent-jobs 10 --metrics-port 9464
 
 exit codes: 0 ok; 1 a run failed or was refused, or check found problems; 2 bad input (one line naming
-the field; nothing written); 130 interrupted.
+the field; nothing written); 130 interrupted (Ctrl-C); 143 `jobs run` stopped by SIGTERM.
 settings come from flags, then MJSCHED_* variables, then the --config file, then defaults.
 """
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import RunStatus
-from mjsched_isolated.errors import NotFoundError
+from mjsched_isolated.errors import NotFoundError, require_utf8
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.records import AuditRow, RunView
 from mjsched_isolated.store.schema import audit_log, jobs, run_output, runs, supervisors
@@ -142,6 +142,7 @@ class DashboardViews:
         ids = sa.select(runs.c.id)
         with self.engine.connect() as conn:
             if job_name:
+                require_utf8("job", job_name)
                 job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == job_name)).scalar()
                 if job_id is None:
                     raise NotFoundError("job", f"no job named {job_name!r}")

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.backfills import Backfills
-from mjsched_isolated.store.jobs import Jobs, Share, unreadable_next_run_at_chunk
+from mjsched_isolated.store.jobs import Jobs, Share, unreadable_next_run_at_chunk, unreadable_time_window
 from mjsched_isolated.store.leases import ClaimRequest, HeldBeforeStart, Leases, Outcome
 from mjsched_isolated.store.outbox import Outbox
 from mjsched_isolated.store.output import PluginReloads, RunOutput
@@ -190,6 +190,10 @@ class Store:
     def unreadable_next_run_at_chunk(self, after_id: int, limit: int) -> tuple[list[JobRow], int]:
         """Unreadable ``next_run_at`` among the next ``limit`` job ids (:func:`jobs.unreadable_next_run_at_chunk`)."""
         return unreadable_next_run_at_chunk(self.engine, after_id, limit)
+
+    def unreadable_time_window(self, after_id: int = 0, limit: int | None = None) -> dict[int, tuple[str, str]]:
+        """SQLite: jobs whose ``start_at``/``end_at`` is not a timestamp (:func:`jobs.unreadable_time_window`)."""
+        return unreadable_time_window(self.engine, after_id, limit)
 
     def queue_now(self, job_id: int, now: dt.datetime) -> bool:
         """Make a Queue job's pending occurrence due now (:meth:`Jobs.queue_now`)."""

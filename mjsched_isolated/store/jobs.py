@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import ConcurrencyMode, JobStatus, MissedRunPolicy, RunStatus
-from mjsched_isolated.errors import InputError, NotFoundError
+from mjsched_isolated.errors import InputError, NotFoundError, require_utf8
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.driver import Prepared
 from mjsched_isolated.store.errors import is_constraint_violation
@@ -108,6 +108,7 @@ class Jobs:
 
     def update_job(self, name: str, values: Values, now: dt.datetime) -> None:
         """Update the given (non-lease) columns of job ``name``. Raises :class:`NotFoundError`."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         stmt = jobs.update().where(jobs.c.name == name).values(**_with_json_configuration(values), updated_at=now)
         with self.engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
@@ -141,6 +142,7 @@ class Jobs:
 
     def remove_job(self, name: str) -> None:
         """Delete job ``name`` and its runs. Raises :class:`NotFoundError`."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         with self.engine.begin() as conn:  # writes only: no read-then-write upgrade on SQLite
             job_runs = sa.select(runs.c.id).where(runs.c.job_id.in_(sa.select(jobs.c.id).where(jobs.c.name == name)))
             RunOutput.delete_for_runs(conn, job_runs)
@@ -153,6 +155,7 @@ class Jobs:
 
     def get_job(self, name: str) -> JobRow:
         """Job ``name``. Raises :class:`NotFoundError` (field ``name``)."""
+        require_utf8("name", name)  # a lookup by a name that was not UTF-8: one line, not the driver's traceback
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.name == name)).mappings().first()
         if row is None:
@@ -518,7 +521,42 @@ def unreadable_next_run_at_chunk(engine: Engine, after_id: int, limit: int) -> t
 
 def _unreadable_next_run_at() -> sa.ColumnElement[bool]:
     """SQLite: a ``next_run_at`` that is not text in the store's exact form (:data:`schema.SQLITE_EXACT_FORM`)."""
-    col = sa.type_coerce(jobs.c.next_run_at, sa.String)
-    exact = col.op("GLOB", is_comparison=True)(sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
-    return sa.and_(jobs.c.next_run_at.is_not(None),
-                   sa.or_(sa.func.typeof(jobs.c.next_run_at) != "text", sa.not_(exact)))
+    return sa.and_(jobs.c.next_run_at.is_not(None), _not_exact(jobs.c.next_run_at))
+
+
+def _not_exact(column: sa.Column[Any]) -> sa.ColumnElement[bool]:
+    """SQLite: ``column`` holds something other than text in the store's exact form."""
+    exact = sa.type_coerce(column, sa.String).op("GLOB", is_comparison=True)(
+        sa.literal(schema.SQLITE_EXACT_FORM, sa.String))
+    return sa.or_(sa.func.typeof(column) != "text", sa.not_(exact))
+
+
+TIME_WINDOW_COLUMNS = ("start_at", "end_at")
+
+
+def unreadable_time_window(engine: Engine, after_id: int = 0, limit: int | None = None) -> dict[int, tuple[str, str]]:
+    """SQLite: the jobs (among the next ``limit`` ids after ``after_id``; every job when ``limit`` is None)
+    whose ``start_at`` or ``end_at`` holds a value that is not a timestamp (text edited by hand, which reads
+    as unset): job id -> (column, the stored value as text). Elsewhere the column type refuses such a value:
+    always empty."""
+    if engine.dialect.name != "sqlite":
+        return {}
+    raw = [sa.type_coerce(getattr(jobs.c, name), sa.String).label(name) for name in TIME_WINDOW_COLUMNS]
+    query = sa.select(jobs.c.id, *raw).where(
+        jobs.c.id > after_id, sa.or_(*(sa.and_(getattr(jobs.c, name).is_not(None), _not_exact(getattr(jobs.c, name)))
+                                       for name in TIME_WINDOW_COLUMNS)))
+    if limit is not None:
+        window = sa.select(jobs.c.id).where(jobs.c.id > after_id).order_by(jobs.c.id).limit(limit).subquery()
+        query = query.where(jobs.c.id <= sa.select(sa.func.max(window.c.id)).scalar_subquery())
+    found: dict[int, tuple[str, str]] = {}
+    with engine.connect() as conn:
+        for row in conn.execute(query):
+            for name in TIME_WINDOW_COLUMNS:
+                value = getattr(row, name)
+                if value is None or found.get(row.id):
+                    continue
+                try:
+                    dt.datetime.fromisoformat(str(value))
+                except ValueError:
+                    found[row.id] = (name, str(value))
+    return found

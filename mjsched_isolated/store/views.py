@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from mjsched_isolated.enums import JobStatus, RunStatus
-from mjsched_isolated.errors import NotFoundError
+from mjsched_isolated.errors import NotFoundError, require_utf8
 from mjsched_isolated.store import schema
 from mjsched_isolated.store.records import (
     InflightRun,
@@ -57,6 +57,7 @@ class Views:
         :class:`NotFoundError` (field ``name``) for an unknown ``job_name``."""
         query = sa.select(runs, jobs.c.name.label("job_name")).join(jobs, jobs.c.id == runs.c.job_id)
         if job_name is not None:
+            require_utf8("name", job_name)
             query = query.where(jobs.c.name == job_name)
         if status is not None:
             query = query.where(runs.c.status == status)

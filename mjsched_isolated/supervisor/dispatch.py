@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import operator
 import random
 from collections.abc import Callable
 from typing import Any
 
-from mjsched_isolated import notices, planner, protocol
+from mjsched_isolated import jobspec, notices, planner, protocol
 from mjsched_isolated.config import Settings
 from mjsched_isolated.errors import CronError
 from mjsched_isolated.errors import first_line as _short
@@ -56,6 +57,8 @@ SHARE_STEAL_AFTER = dt.timedelta(milliseconds=10)
 # further behind: peers balance their backlogs without reaching for the rows their owners are taking (measured
 # at 200 ms: 3-5 % of the claims met a row a peer held; at 1 s none)
 SHARE_STEAL_BEHIND = dt.timedelta(seconds=1)
+NUMBERS_SEEN_MAX = 10_000  # sets of number columns remembered as fine (Dispatcher._numbers_ok)
+NUMBER_COLUMNS = operator.itemgetter(*jobspec.STORED_NUMBER_COLUMNS)  # what _numbers_fine remembers of a row
 
 
 def how_many(count: int) -> str:
@@ -82,6 +85,7 @@ class Dispatcher:
         self.wake_sender = wake_sender
         self.advice = Advice(store)
         self.bad_jobs: dict[int, tuple[dt.datetime, str]] = {}  # job id -> (updated_at seen, reason)
+        self._numbers_fine: set[tuple[Any, ...]] = set()  # number columns found fine (most rows share a few)
         # job id -> job_type this supervisor has no plugin for: left to others until the next rescan
         self.unrunnable: dict[int, str] = {}
         self._reported_unrunnable: set[tuple[int, str]] = set()  # logged once per (job, type)
@@ -132,6 +136,8 @@ class Dispatcher:
         self.next_rescan_at = now + dt.timedelta(seconds=self.settings.rescan_interval_s)
         self.backfills_maybe = True
         self._forget_fixed_bad_jobs()
+        if len(self._numbers_fine) > NUMBERS_SEEN_MAX:  # bounded: checked afresh after
+            self._numbers_fine.clear()
         self.unrunnable.clear()  # looked at again at each rescan: the plugin may be here now
         if self._next_advice_at is None or now >= self._next_advice_at:
             active = self.advice.warn_high_frequency(now)
@@ -141,6 +147,12 @@ class Dispatcher:
         self._read_share()
         self.replace_others(now)
         # edited by hand into a SQLite file: a few thousand job ids per rescan, not every job every second
+        window = self.store.unreadable_time_window(self._unreadable_after, UNREADABLE_SWEEP_ROWS)
+        for job_id, (field, raw) in window.items():  # read as unset, it would run outside its window
+            row = self.store.get_job_by_id(job_id)
+            if row is not None:
+                self._mark_bad(row, f"{field}: {raw[:40]!r} in the database is not a timestamp (edited by hand?); "
+                                    "set it with `jobs update`")
         found, self._unreadable_after = self.store.unreadable_next_run_at_chunk(self._unreadable_after,
                                                                                UNREADABLE_SWEEP_ROWS)
         for job in found:
@@ -347,6 +359,8 @@ class Dispatcher:
                 if job["job_type"] not in known and not self.coming(job["job_type"]):
                     self.unrunnable[job["id"]] = job["job_type"]
                 continue
+            if not self._numbers_ok(job):
+                continue
             timeout_s = planner.run_timeout_s(job, self.settings.lease_timeout_s)
             deadline = now + dt.timedelta(seconds=timeout_s)
             claim = self.store.backfills.claim(entry, take_lease=not concurrent, instance=self.settings.instance,
@@ -532,6 +546,8 @@ class Dispatcher:
     def _decide(self, job: JobRow, known: set[str], now: dt.datetime) -> tuple[bool, dt.datetime | None, JobRow]:
         """Skip or set aside one due job, or decide to run it: returns (run?, the ``next_run_at`` after it, the
         job as it is to be claimed: a RunAll catch-up cut to its backlog claims its oldest kept occurrence)."""
+        if not self._numbers_ok(job):  # a number edited by hand: this job alone is set aside
+            return False, None, job
         seen = job["next_run_at"]
         if seen is None:  # due by SQL but unreadable here: a value edited by hand into a SQLite file
             return self._repair_unreadable(job, now), None, job
@@ -873,6 +889,25 @@ class Dispatcher:
         if self.bad_jobs.get(job["id"], (None,))[0] != job["updated_at"]:
             log.error("job %s skipped until it is fixed: %s", job["name"], reason)
         self.bad_jobs[job["id"]] = (job["updated_at"], reason)
+
+    def _numbers_ok(self, job: JobRow) -> bool:
+        """False (the job set aside, logged naming the field) when a number of the row is not a number or
+        out of range (:func:`jobspec.stored_problem`). The number columns of rows found fine are remembered
+        as a set of tuples (most jobs share the defaults or a few values): a row whose numbers are among them
+        costs one tuple read and a set lookup, not the check."""
+        try:
+            numbers: tuple[Any, ...] | None = NUMBER_COLUMNS(job)
+        except KeyError:  # a row without every column (not the poll's): checked in full
+            numbers = None
+        if numbers is not None and numbers in self._numbers_fine:
+            return True
+        problem = jobspec.stored_problem(job)
+        if problem is not None:
+            self._mark_bad(job, str(problem))
+            return False
+        if numbers is not None:
+            self._numbers_fine.add(numbers)
+        return True
 
     def _forget_fixed_bad_jobs(self) -> None:
         """Give a bad job another chance once its row has changed (``updated_at`` moved)."""

@@ -350,7 +350,10 @@ class RunGuard:
                                  fenced=True)
             return
         limit_mb = event.run.limits.max_memory_mb if event.run is not None and event.run.limits is not None else None
-        if event.oom_killed:  # the kernel counted it in the worker's cgroup: no guess
+        if event.killed_for is not None:  # still alive when its pipe failed: this supervisor killed it
+            error = (f"worker process {event.worker.pid} killed by this supervisor during the run: {event.killed_for} "
+                     "(did the plugin close or write to file descriptors it does not own, e.g. os.closerange?)")
+        elif event.oom_killed:  # the kernel counted it in the worker's cgroup: no guess
             error = (f"memory limit {limit_mb} MB exceeded: the kernel's out-of-memory killer ended worker process "
                      f"{event.worker.pid} at its cgroup's memory limit ({how})")
         else:

@@ -74,6 +74,11 @@ def wait_ready(handles: Sequence[Any], timeout_s: float | None) -> list[Any]:
     return [handle for fd, _ in poller.poll(timeout_ms) for handle in by_fd[fd]]
 
 
+# a child whose pipe ended while it was not yet reapable gets this long to finish exiting (its own exit code,
+# os._exit or a crash, is the truth) before it is killed as one that closed its pipe and runs on
+EXITING_GRACE_S = 0.1
+
+
 class Worker:
     """One slot's current child. ``run`` is the request it is executing (None when idle)."""
 
@@ -93,6 +98,7 @@ class Worker:
         self.cgroup: cgroups.WorkerCgroup | None = None  # its own cgroup, if cgroups are used
         self.terminating: Any = None  # shared byte: set before SIGTERM at a deadline (worker/main.py _on_sigterm)
         self.oom_kills: int | None = None  # its cgroup's out-of-memory kills when its run (with a memory limit) began
+        self.pipe_trouble: str | None = None  # why its pipe was given up (closed, garbage): it is killed if alive
 
     @property
     def pid(self) -> int:
@@ -116,6 +122,8 @@ class ChildEvent(msgspec.Struct):
     culprit: str | None = None
     oom_killed: bool = False
     oom_evidence: bool | None = None
+    # this pool killed the child, still alive when reaped, because of its pipe: why (else None)
+    killed_for: str | None = None
 
 
 def keep_dir_prefix(plugins_dir: str | None, *, probe: bool = False) -> str:
@@ -512,9 +520,11 @@ class Pool:
                     worker.retiring = message.retiring
                 events.append(ChildEvent(worker=worker, message=message))
         except (EOFError, OSError):
+            worker.pipe_trouble = "its pipe to the supervisor was closed or broke"
             return True
         except ProtocolError:
             log.exception("worker slot %d: child %d sent an undecodable message; replacing it", worker.slot, worker.pid)
+            worker.pipe_trouble = "it sent an undecodable message on its pipe to the supervisor"
             return True
         return False
 
@@ -522,8 +532,17 @@ class Pool:
         """Record a dead (or misbehaving) child, clean up its tree, and schedule the slot's refill.
         ``is_alive`` never blocks; a child still alive here (garbage on its pipe, or a plugin writing into
         the sentinel pipe) is killed before it is joined, so ``join`` cannot hang on it."""
-        if worker.process.is_alive():
+        killed_for = None
+        # its pipe ended first: an exiting child is a zombie within moments. Polled (is_alive never blocks),
+        # not joined: join() waits for the exit once the sentinel reads ready, and a child that closed its own
+        # end of the sentinel is still running
+        give_up = time.monotonic() + EXITING_GRACE_S
+        while worker.process.is_alive() and time.monotonic() < give_up:
+            time.sleep(0.005)
+        if worker.process.is_alive():  # still running without its pipe (closed it, or garbage on it)
             self._kill_tree(worker)
+            # no trouble read on its pipe: its end of the exit sentinel (a pipe too) was closed while it ran
+            killed_for = worker.pipe_trouble or "its pipe to the supervisor was closed or broke"
         worker.process.join(2.0)
         kill_tree(worker.pid)  # grandchildren left behind in its process group
         # the cgroup's out-of-memory kills since the run began (since the worker began for a run without a
@@ -536,7 +555,7 @@ class Pool:
         code = worker.process.exitcode
         culprit = self._blame_import(worker, f"importing it ended the worker process ({describe_exit(code)})", code)
         event = ChildEvent(worker=worker, died=True, exitcode=code, run=worker.run, culprit=culprit,
-                           oom_killed=oom_killed, oom_evidence=oom_evidence)
+                           oom_killed=oom_killed, oom_evidence=oom_evidence, killed_for=killed_for)
         self._vacate(worker, died_before_ready=worker.ready is None and culprit is None)
         return event
 

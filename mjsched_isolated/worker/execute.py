@@ -163,11 +163,17 @@ def run(registry: Registry, req: protocol.RunRequest, sender: Sender,
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=error, details={"traceback": tail},
                                     notification=notice_text(plugin, context, ScheduledJobResult(
                                         success=False, error_message=error)) if req.notice_on_failure else None)
-    error = None if result.error_message is None else clean_text(result.error_message)[:MAX_ERROR_CHARS]
+    error = None if result.error_message is None else clean_text(str(result.error_message))[:MAX_ERROR_CHARS]
     try:
+        if not isinstance(result.success, bool):  # msgspec Structs do not check types when built in Python
+            raise BadDetailsError(f"success must be True or False, got {result.success!r:.60} "
+                                  f"({type(result.success).__name__})", field="success")
+        if result.error_message is not None and not isinstance(result.error_message, str):
+            raise BadDetailsError(f"error_message must be a string or None, got {type(result.error_message).__name__}",
+                                  field="error_message")
         details = clean_details(result.details)
     except BadDetailsError as exc:  # recorded on the run: the plugin's mistake, not a crash of the worker
-        error = clean_text(f"plugin returned bad details: {exc}" + (f"; its error: {error}" if error else ""))
+        error = clean_text(f"plugin returned bad {exc.field}: {exc}" + (f"; its error: {error}" if error else ""))
         outcome = ScheduledJobResult(success=False, error_message=error[:MAX_ERROR_CHARS])
         notice = notice_text(plugin, context, outcome) if req.notice_on_failure else None
         return protocol.RunFinished(run_id=req.run_id, success=False, error_message=outcome.error_message,
@@ -257,7 +263,12 @@ def scrub(value: Any) -> Any:
 
 
 class BadDetailsError(ValueError):
-    """Details a plugin returned that cannot be stored: not a JSON object, cyclic, or nested too deeply."""
+    """A result a plugin returned that cannot be stored: details not a JSON object, cyclic, or nested too
+    deeply; ``success`` not a bool, ``error_message`` not text (``field`` names which)."""
+
+    def __init__(self, message: str, field: str = "details") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def clean_details(details: object) -> dict[str, Any] | None:

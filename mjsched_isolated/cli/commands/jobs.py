@@ -126,10 +126,11 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         job = ops.resume_job(store, args.name, utcnow())
-    if job["status"] == "Expired":
-        print(f"job {render.safe(args.name)!r} expired: its end_at {render.fmt(job['end_at'])} has passed")
-    else:
-        print(f"job {render.safe(args.name)!r} active; next run {_next(job)}")
+    if job["status"] == "Expired":  # not resumed: said on stderr, and not 0 (a script must not think it runs)
+        render.error(f"job {render.safe(args.name)!r} not resumed: its end_at {render.fmt(job['end_at'])} has passed "
+                     f"(it is Expired); move end_at first (`jobs update {render.safe(args.name)} --end-at ...`)")
+        return Exit.FAILED
+    print(f"job {render.safe(args.name)!r} active; next run {_next(job)}")
     return Exit.OK
 
 
@@ -140,8 +141,12 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM during ``jobs run``: handled as Ctrl-C (the run cancelled), but exit 143 (128 + SIGTERM)."""
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -159,9 +164,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             return Exit.OK
         assert outcome.run_id is not None
         run = ops.get_run(store, outcome.run_id)
-    except KeyboardInterrupt:
-        render.error(f"interrupted; the run of {args.name!r} was cancelled")
-        return Exit.INTERRUPTED
+    except KeyboardInterrupt as exc:
+        render.error(f"{'terminated' if isinstance(exc, _Terminated) else 'interrupted'}; the run of {args.name!r} "
+                     "was cancelled")
+        return Exit.TERMINATED if isinstance(exc, _Terminated) else Exit.INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
         store.close()

@@ -15,7 +15,7 @@ from mjsched_isolated.errors import InputError, NotFoundError
 LIST_COLUMNS = ["id", "job_name", "status", "scheduled_at", "attempt", "started_at", "duration_ms", "error_message"]
 PRUNE_FLAGS = {"retention.keep_days": "--keep-days", "retention.keep_min_per_job": "--keep-min-per-job"}
 
-MAX_LIMIT = 2**31 - 1  # every database's INTEGER holds it (SQLite overflowed past 2**63 with a traceback)
+MAX_LIMIT = ops.MAX_LIMIT
 
 
 def cmd_list(args: argparse.Namespace) -> int:

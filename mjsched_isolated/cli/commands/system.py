@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import socket
-from pathlib import Path
 
 from mjsched_isolated import config, cron, ops, proctree
 from mjsched_isolated.cli import render
@@ -34,11 +33,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InputError("--run-for", f"must be a finite number of seconds >= 0, got {args.run_for}")
     if (foreign_proc := proctree.foreign_proc()) is not None:  # every worker would be judged by a stranger's pid
         raise InputError("/proc", foreign_proc)
-    if settings.plugins_dir is not None and not Path(settings.plugins_dir).is_dir():
-        # a wrong working directory or a host not yet updated: serving without its plugins would leave
-        # (or, before, skip) every occurrence of their job types
-        raise InputError("plugins_dir", f"plugins folder {settings.plugins_dir!r} does not exist or is not a folder")
+    # a wrong working directory or a host not yet updated: serving without its plugins would leave (or,
+    # before, skip) every occurrence of their job types
+    ops.require_plugins_dir(settings)
     jobs_file = config.default_jobs_file(settings)
+    # checked (configurations by their plugins) before the database is opened: a bad file creates nothing
+    specs = ops.load_jobs_file(settings, jobs_file) if jobs_file else None
     metrics = metrics_mod.for_settings(settings)
     metrics.start_server()  # a port that cannot be bound is bad input: found before anything is written
     pool = Pool.from_settings(settings)
@@ -64,8 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         holder = store.instance_holder(settings.instance, socket.gethostname(), os.getpid())
         if holder is not None:  # before the jobs file is synced: nothing written (a race is caught at registration)
             raise InstanceInUseError(holder)
-        if jobs_file:
-            created, updated = ops.sync_jobs(store, settings, jobs_file, utcnow())
+        if jobs_file and specs is not None:
+            created, updated = ops.apply_jobs(store, specs, utcnow())
             log.info("jobs file %s synced: %d created, %d updated", jobs_file, created, updated)
         return Supervisor(settings, store, pool, metrics=metrics).serve(run_for_s=args.run_for)
     finally:
