@@ -72,6 +72,7 @@ class Backfills:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._due_prebuilt: sa.Select | None = None
+        self._any_entry = sa.select(backfills.c.id).limit(1)
         self.reader = schema.reader(engine)  # the poll's due read: no transaction round trips (PostgreSQL)
 
     # -- requests ------------------------------------------------------------------------------------
@@ -172,13 +173,17 @@ class Backfills:
         """At most ``limit`` pending entries that can start now, oldest request first, with their job: the job
         is Active and not in ``exclude``, and its lease is free (DB clock) unless it is Concurrent. A job
         with several entries appears once per entry (the caller claims the first; the lease stops the rest).
-        The statement is built once (building it costs far more than running it on an empty table)."""
+        The statement is built once (building it costs far more than running it on an empty table). With no
+        entry at all (the usual case) only that is read: SQLite plans the join from the Active jobs, so on an
+        empty table it still walked every Active job (22 ms a read at 100,000 jobs, at every rescan)."""
         if exclude:
             query = self._due_query(exclude)
         else:
             query = self._due_prebuilt = self._due_prebuilt if self._due_prebuilt is not None else self._due_query(())
-        out = []
+        out: list[tuple[BackfillRow, JobRow]] = []
         with self.reader.connect() as conn:
+            if conn.execute(self._any_entry).first() is None:
+                return out
             for r in conn.execute(query, {"p_limit": limit}).mappings():
                 entry = {c.name: r[c.name] for c in backfills.c}
                 job = {c.name: r[f"job__{c.name}"] for c in jobs.c}
