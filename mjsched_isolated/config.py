@@ -426,6 +426,8 @@ def read_config_file(path: str, field: str = "--config") -> dict[str, Any]:
         raise InputError(field, f"cannot read {path!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(field, f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(field, f"{path} is not UTF-8 text (byte {exc.start})") from None
 
 
 def _env_value(struct: type[msgspec.Struct], field: str, name: str, raw: str) -> Any:

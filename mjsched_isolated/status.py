@@ -39,7 +39,8 @@ def collect(store: Store, *, hide_after_s: float = HIDE_SUPERVISORS_AFTER_S, lim
     in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
                   "supervisor": r["executed_by_instance"], "started_at": r["started_at"],
                   "deadline_at": r["deadline_at"],
-                  "running_for_s": round(max(0.0, (now - r["started_at"]).total_seconds()), 3),
+                  "running_for_s": (None if r["started_at"] is None  # unreadable (edited by hand into SQLite)
+                                    else round(max(0.0, (now - r["started_at"]).total_seconds()), 3)),
                   "cancel_requested_by": r["cancel_requested_by"]}
                  for r in store.inflight_runs()]
     failures = [{**r, "error_message": _first_line(r["error_message"])} for r in store.recent_failures(limit)]

@@ -67,6 +67,15 @@ def test_bad_file_names_the_key(tmp_path, text, field):
     assert err.value.field == field, str(err.value)
 
 
+def test_a_config_file_that_is_not_utf8_is_one_error_naming_config(tmp_path):
+    """New-user review: a byte that is not UTF-8 raised UnicodeDecodeError out of tomllib (a traceback)."""
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b'database_url = "sqlite:////tmp/\xff.db"\n')
+    with pytest.raises(InputError) as err:
+        load_settings(config_path=str(path), environ={})
+    assert err.value.field == "--config" and "is not UTF-8 text" in str(err.value)
+
+
 @pytest.mark.parametrize("env, field", [
     ({"MJSCHED_MAX_CONCURRENT_JOBS": "five"}, "MJSCHED_MAX_CONCURRENT_JOBS"),
     ({"MJSCHED_AUTO_UPGRADE": "perhaps"}, "MJSCHED_AUTO_UPGRADE"),

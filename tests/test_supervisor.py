@@ -23,6 +23,7 @@ from clirun import Cli, error_line
 from conftest import FIXTURE_PLUGINS, Driver, add_job, wait_gone
 from fakes import FakePool
 
+from mjsched_isolated import ops
 from mjsched_isolated.config import Settings
 from mjsched_isolated.store import Store
 from mjsched_isolated.supervisor import utcnow
@@ -430,6 +431,28 @@ def test_a_start_at_edited_by_hand_into_garbage_sets_that_job_aside(mem_store, f
     assert _runs(store, "bad-start") == [] and _runs(store, "bad-end") == []
     assert "job bad-start skipped until it is fixed: start_at: 'garbage'" in caplog.text
     assert "job bad-end skipped until it is fixed: end_at: 'garbage'" in caplog.text
+
+
+def test_an_impossible_timestamp_edited_by_hand_never_fails_the_poll_or_status(mem_store, fake_factory, caplog):
+    """New-user review: text in a timestamp's shape but no date (month 99, February 30) in a job's or a
+    run's timestamps failed every poll ("month must be in 1..12") and `status`. It reads as unset, like any
+    other text that is not a timestamp: the other jobs run, the orphaned run is abandoned, status answers."""
+    store = mem_store
+    bad = add_job(store, "bad", "ok", "0 0 1 1 *")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET last_run_at = '2026-99-99 99:99:99', retry_at = '2026-13-45 25:61:00', "
+                             "created_at = '2026-13-45 25:61:00' WHERE id = :id"), {"id": bad["id"]})
+        conn.execute(sa.text("INSERT INTO runs (job_id, status, started_at, scheduled_at, attempt, missed_count) "
+                             "VALUES (:id, 'Running', '2026-02-30 00:00:00', '2026-02-30 00:00:00', 1, 0)"),
+                     {"id": bad["id"]})
+    assert ops.status(store)["in_flight"][0]["running_for_s"] is None
+    assert store.get_job("bad")["last_run_at"] is None
+    add_job(store, "good", "ok", "* * * * * *")
+    d = fake_factory()
+    d.until(_finished(store, "good", 2))
+    assert "poll failed" not in caplog.text
+    orphan = min(store.list_runs(job_name="bad", limit=5), key=lambda r: r["id"])  # the one edited in
+    assert orphan["status"] == "Failed" and orphan["error_message"].startswith("abandoned: ")
 
 
 @pytest.mark.parametrize(("field", "raw"), [("max_memory_mb", -3), ("max_runtime_minutes", -5),

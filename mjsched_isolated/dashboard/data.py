@@ -127,7 +127,8 @@ def status_report(store: Store, views: DashboardViews, db_now: dt.datetime, limi
     in_flight = [{"id": r["id"], "job_name": r["job_name"], "job_type": r["job_type"],
                   "supervisor": r["executed_by_instance"], "started_at": r["started_at"],
                   "deadline_at": r["deadline_at"],
-                  "running_for_s": round(max(0.0, (db_now - r["started_at"]).total_seconds()), 3)}
+                  "running_for_s": (None if r["started_at"] is None  # unreadable (edited by hand into SQLite)
+                                    else round(max(0.0, (db_now - r["started_at"]).total_seconds()), 3))}
                  for r in views.inflight_runs()]
     failures = [{**r, "error_message": first_line(r["error_message"])} for r in views.recent_failures(limit)]
     next_due: list[dict[str, Any]] = [dict(r) for r in store.next_due_jobs(limit)]

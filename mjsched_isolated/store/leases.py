@@ -1089,7 +1089,8 @@ class Leases:
         # claim came after that moment, so the records never show the two runs overlapping
         expired = run["holder_expired_at"]
         ended = min(run["db_now"], expired) if expired else run["db_now"]
-        duration_ms = max(0.0, (ended - run["started_at"]).total_seconds() * 1000)  # as completed - started
+        started = run["started_at"]  # None: text edited by hand into a SQLite file (the row is still abandoned)
+        duration_ms = None if started is None else max(0.0, (ended - started).total_seconds() * 1000)
         with self.engine.begin() as conn:
             if not conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == RunStatus.RUNNING)
                                 .values(status=RunStatus.FAILED, success=False, completed_at=ended,

@@ -67,9 +67,19 @@ class _LenientSQLiteDateTime(sqlite.DATETIME):
             if not isinstance(value, str) or not form.fullmatch(value):
                 return None
             # the forms matched are ISO 8601: the C parser reads them as SQLAlchemy's would, faster
-            return dt.datetime.fromisoformat(value)
+            return _parsed_or_none(value)
 
         return process
+
+
+def _parsed_or_none(text: str) -> dt.datetime | None:
+    """``text`` (in a timestamp's shape) as a datetime, or None for an impossible one edited by hand such as
+    ``2026-99-99 99:99:99``: read as unset like any other text that is not a timestamp, never an error that
+    would fail every poll and every command reading the row (new-user review)."""
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 # SQLite's timestamps are text: the texts of the instants bound lately, and the instants of the texts read
@@ -144,7 +154,9 @@ class UTCDateTime(sa.TypeDecorator):
                 if when is None:
                     if not form.fullmatch(value):
                         return None
-                    when = dt.datetime.fromisoformat(value + "+00:00")  # the C parser; tzinfo is datetime.UTC
+                    when = _parsed_or_none(value + "+00:00")  # the C parser; tzinfo is datetime.UTC
+                    if when is None:
+                        return None
                     if len(parsed) >= TIMESTAMP_CACHE_SIZE:
                         parsed.clear()
                     parsed[value] = when
