@@ -378,12 +378,19 @@ def test_jobs_pause_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_
     not run again, the plugin never ran (no details), the job Paused with nothing pending."""
     store = any_store
     d, handed, instant = _waiting_ahead(any_driver, store)
-    read_at: list[float] = []  # when the supervisor read the job's status before the instant
+    read_at: list[float] = []  # when the supervisor had read the job's status before the instant
     held_before_start = d.supervisor.store.held_before_start
 
+    reads: list[tuple[float, float, object]] = []  # (began, ended, what it read), for the failure's message
+
     def timed(*args, **kwargs):
-        read_at.append(time.time())
-        return held_before_start(*args, **kwargs)
+        began, held = time.time(), None
+        try:
+            held = held_before_start(*args, **kwargs)
+            return held
+        finally:
+            read_at.append(time.time())
+            reads.append((began - instant.timestamp(), read_at[-1] - instant.timestamp(), held))
 
     d.supervisor.store.held_before_start = timed
     ops.pause_job(store, "a", utcnow())
@@ -391,8 +398,8 @@ def test_jobs_pause_of_a_run_waiting_for_its_instant_stops_it_before_its_plugin_
     run = store.get_run(handed[0])
     assert read_at, "the supervisor never read the job's status before starting the run"
     if read_at[0] >= instant.timestamp() - 0.005:
-        pytest.skip("the machine was too loaded: the loop woke for its check at the instant (the run started)")
-    assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None
+        pytest.skip("the machine was too loaded: the check's read ended at the instant (the run started)")
+    assert run["status"] == "Cancelled" and run["details"] is None and run["duration_ms"] is None, (run, reads)
     assert run["error_message"].startswith("never started: its job became Paused before its instant")
     assert d.pool.reaped_at < instant.timestamp()  # the worker was dead before the instant
     job = store.get_job("a")
