@@ -477,7 +477,7 @@ def test_high_frequency_advice_reads_the_jobs_once_so_a_change_meanwhile_cannot_
             return out
         return read
 
-    for name in ("active_schedules", "active_job_names", "active_schedules_named", "active_jobs"):
+    for name in ("active_schedules_named", "active_jobs"):
         monkeypatch.setattr(store, name, pausing(name, getattr(store, name)))
     Advice(store).warn_high_frequency(utcnow())
     (advice,) = [r.getMessage() for r in caplog.records if "fire more often" in r.getMessage()]

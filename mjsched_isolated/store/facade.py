@@ -155,14 +155,6 @@ class Store:
         """Active jobs without a next_run_at (:meth:`Jobs.unscheduled_active_jobs`)."""
         return self.jobs.unscheduled_active_jobs()
 
-    def active_schedules(self) -> list[tuple[str, str, int]]:
-        """(cron, zone, count) per schedule of the Active jobs (:meth:`Jobs.active_schedules`)."""
-        return self.jobs.active_schedules()
-
-    def active_job_names(self, cron_expression: str, timezone: str, limit: int) -> list[str]:
-        """The first names of the Active jobs with a schedule (:meth:`Jobs.active_job_names`)."""
-        return self.jobs.active_job_names(cron_expression, timezone, limit)
-
     def active_schedules_named(self, limit: int) -> list[tuple[str, str, int, list[str]]]:
         """(cron, zone, count, first names) per schedule of the Active jobs, one read
         (:meth:`Jobs.active_schedules_named`)."""

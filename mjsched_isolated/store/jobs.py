@@ -76,7 +76,7 @@ class Jobs:
         self._next_due_prepared: Prepared | None = None
         self._live_skip_prepared: dict[str, Prepared] = {}  # by concurrency mode (Skip, Replace)
         self._due_locking_prebuilt: sa.Select | None = None  # PostgreSQL's SKIP LOCKED read, built once
-        self._due_share_prepared: dict[tuple[bool, tuple[int, ...]], Prepared] = {}  # a fleet's share read
+        self._due_share_prepared: dict[bool, Prepared] = {}  # a fleet's share read, by locking
         self._next_due_share_prepared: dict[bool, Prepared] = {}
         # SQLite's read-ahead (see due_jobs): the due order's next candidates, (id, next_run_at seen) each,
         # as of the read at ``_ahead_read_at``; the recheck of n candidates by id, compiled once per n
@@ -210,14 +210,13 @@ class Jobs:
         params: dict[str, Any] = {"p_now": now, "p_limit": limit}
         if share is not None and self.dialect != "sqlite":
             params.update(p_count=share.count, p_index=share.index, p_steal=share.steal_before)
-            key = (locking, tuple(sorted(exclude)))
             with self.reader.connect() as conn:
                 if exclude:
                     return _job_rows(conn.execute(self._due_query(exclude, locking, shared=True), params))
-                prepared = self._due_share_prepared.get(key)
+                prepared = self._due_share_prepared.get(locking)
                 if prepared is None:
-                    prepared = self._due_share_prepared[key] = Prepared(self._due_query((), locking, shared=True),
-                                                                        self.engine.dialect)
+                    prepared = self._due_share_prepared[locking] = Prepared(
+                        self._due_query((), locking, shared=True), self.engine.dialect)
                 return cast(list[JobRow], prepared.mappings(conn, params))
         if exclude or locking:
             if exclude:
@@ -409,23 +408,6 @@ class Jobs:
         query = sa.select(jobs).where(jobs.c.status == JobStatus.ACTIVE, jobs.c.next_run_at.is_(None))
         with self.engine.connect() as conn:
             return _job_rows(conn.execute(query))
-
-    def active_schedules(self) -> list[tuple[str, str, int]]:
-        """``(cron_expression, timezone, number of Active jobs)`` per distinct schedule of the Active jobs:
-        one grouped read, no job row built (the high-frequency advice needs no more with 100,000 jobs)."""
-        query = (sa.select(jobs.c.cron_expression, jobs.c.timezone, sa.func.count())
-                 .where(jobs.c.status == JobStatus.ACTIVE).group_by(jobs.c.cron_expression, jobs.c.timezone))
-        with self.engine.connect() as conn:
-            return [(expr, zone, int(n)) for expr, zone, n in conn.execute(query)]
-
-    def active_job_names(self, cron_expression: str, timezone: str, limit: int) -> list[str]:
-        """The first ``limit`` names, in order, of the Active jobs with this schedule."""
-        query = (sa.select(jobs.c.name).where(jobs.c.status == JobStatus.ACTIVE,
-                                              jobs.c.cron_expression == cron_expression,
-                                              jobs.c.timezone == timezone)
-                 .order_by(jobs.c.name).limit(limit))
-        with self.engine.connect() as conn:
-            return list(conn.execute(query).scalars())
 
     def active_schedules_named(self, limit: int) -> list[tuple[str, str, int, list[str]]]:
         """``(cron_expression, timezone, number of Active jobs, the first limit names in order)`` per distinct
